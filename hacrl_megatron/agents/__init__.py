@@ -1,0 +1,1 @@
+"""agents stage of hacrl_megatron."""

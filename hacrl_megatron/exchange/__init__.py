@@ -1,0 +1,1 @@
+"""exchange stage of hacrl_megatron."""

@@ -1,0 +1,1 @@
+"""kernels stage of hacrl_megatron."""

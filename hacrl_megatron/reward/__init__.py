@@ -1,0 +1,1 @@
+"""reward stage of hacrl_megatron."""

@@ -1,0 +1,1 @@
+"""rollout stage of hacrl_megatron."""

@@ -1,0 +1,1 @@
+"""sync stage of hacrl_megatron."""

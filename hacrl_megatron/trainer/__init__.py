@@ -1,0 +1,1 @@
+"""trainer stage of hacrl_megatron."""

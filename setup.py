@@ -1,0 +1,41 @@
+"""hacrl_megatron: Heterogeneous Agent Collaborative RL (HACPO) on Megatron-core.
+
+Torch is pinned to the release tested on our CPU CI machines; on GPU clusters widen it with
+``pip install -e . "torch>=2.6"`` (any CUDA build that megatron-core supports).
+"""
+
+from setuptools import find_packages, setup
+
+TORCH = "torch>=2.6,<=2.14.1"  # 2.13.0 (CPU wheel) is what CI tests; see README
+
+extras = {
+    # megatron-core: 0.16.1 is the Python-3.11 baseline; 0.19.x needs --ignore-requires-python on 3.11.
+    "megatron": ["megatron-core>=0.16.1,<0.20", "psutil", "einops"],
+    "triton": ["triton>=3.0"],
+    "data": ["datasets>=3.0", "math-verify>=0.7"],
+    "hf": ["transformers>=4.57", "tokenizers>=0.20", "safetensors", "gguf>=0.10", "accelerate"],
+    "launch": ["nemo-run>=0.4", "leptonai==0.27.3", "ray"],
+    "sglang": ["sglang>=0.5"],  # GPU only: the srt server needs CUDA kernels
+    "log": ["tensorboard", "matplotlib"],
+    "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff"],
+}
+# The everyday CPU install: everything the demo and the test suite exercise.
+extras["cpu"] = sorted(
+    set(extras["megatron"] + extras["triton"] + extras["data"] + extras["hf"] + extras["log"])
+)
+extras["all"] = sorted(set(extras["cpu"] + extras["dev"] + extras["launch"]))
+
+setup(
+    name="hacrl_megatron",
+    version="0.1.0",
+    description="Heterogeneous Agent Collaborative RL (HACPO) with Megatron-core agents",
+    long_description=open("README.md", encoding="utf-8").read() if __import__("os").path.exists("README.md") else "",
+    long_description_content_type="text/markdown",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hacrl_megatron", "hacrl_megatron.*"]),
+    package_data={"hacrl_megatron": ["presets/*.yaml"]},
+    install_requires=[TORCH, "numpy", "pyyaml>=6", "tqdm"],
+    extras_require=extras,
+    entry_points={"console_scripts": ["hacrl=hacrl_megatron.cli:main"]},
+    classifiers=["Programming Language :: Python :: 3", "License :: OSI Approved :: Apache Software License"],
+)
