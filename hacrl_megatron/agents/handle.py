@@ -1,0 +1,37 @@
+"""The AgentHandle protocol: everything the HACRL loop asks of one agent.
+
+Implementations: :class:`hacrl_megatron.agents.local.LocalAgent` (megatron-core in the controller
+process, tests and the CPU demo). The loop never knows which implementation it drives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from hacrl_megatron.agents.batch import LossFn, SequenceBatch
+
+
+@runtime_checkable
+class AgentHandle(Protocol):
+    name: str
+
+    def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """No-grad per-sequence Σ log π of the response tokens [S] (float32) and token counts [S]."""
+
+    def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
+        """One optimizer update per mini-batch (m = 0..M−1, in order); returns one metrics dict each."""
+
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (gathered across TP/PP), streamed one at a time."""
+
+    def save(self, path: str) -> None:
+        """Write model + optimizer + scheduler state under ``path`` (a directory that may not exist)."""
+
+    def load(self, path: str) -> None:
+        """Restore what :meth:`save` wrote."""
+
+    def stats(self) -> dict[str, float]:
+        """Memory and timing counters (tokens/s of the last train/logprob calls, peak memory)."""
