@@ -116,7 +116,6 @@ class HACPOConfig:
     baseline_guard: bool = True  # μ > max_reward ⇒ μ = mean of learner's own rewards
     max_reward: float = 1.0
     max_abs_log_ratio: float = 10.0  # clamp |log s| (spec §3)
-    kl_coef: float = 0.0  # optional low-variance KL on self responses (off in the paper)
 
 
 @dataclass
@@ -394,7 +393,6 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(h.capability_window >= 1, "hacpo.capability_window", h.capability_window, "must be >= 1")
     _rule(h.max_reward > 0, "hacpo.max_reward", h.max_reward, "must be > 0")
     _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
-    _rule(h.kl_coef >= 0, "hacpo.kl_coef", h.kl_coef, "must be >= 0")
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
     _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,

@@ -1,0 +1,39 @@
+"""The HACPO algorithm as pure tensor functions (HACPO_SPEC §1-8). No I/O, no collectives.
+
+Public contract::
+
+    CapabilityTracker            P̂ and ω (eq. 8-9)
+    capability_baseline          μ^(k), the capability-aware group baseline (eq. 6)
+    capability_aware_advantages  A^(k) for all n·G responses of a prompt (eq. 6-7, 50)
+    sequence_log_ratio           log s^(k,j) (eq. 11)
+    hacpo_sequence_objective     J per sequence: GSPO self term, clipped cross term (eq. 10-14)
+    hacpo_loss                   −Σ J / global #sequences, plus metrics (§7)
+    grpo_token_loss              GRPO's token-level clipped objective (§8 baseline)
+"""
+
+from hacrl_megatron.algo.advantages import capability_aware_advantages, capability_baseline
+from hacrl_megatron.algo.capability import CapabilityTracker, positive_rate
+from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
+from hacrl_megatron.algo.hacpo import (
+    cross_window,
+    gspo_objective,
+    hacpo_loss,
+    hacpo_metrics,
+    hacpo_sequence_objective,
+    sequence_log_ratio,
+)
+
+__all__ = [
+    "CapabilityTracker",
+    "broadcast_to_tokens",
+    "capability_aware_advantages",
+    "capability_baseline",
+    "cross_window",
+    "grpo_token_loss",
+    "gspo_objective",
+    "hacpo_loss",
+    "hacpo_metrics",
+    "hacpo_sequence_objective",
+    "positive_rate",
+    "sequence_log_ratio",
+]

@@ -1,0 +1,173 @@
+"""Sequence ratios and the HACPO objective (HACPO_SPEC §3-5, §7-8; paper eq. 10-14, 50).
+
+Per sequence y of source agent j, seen by learner k:
+
+* log s = (1/L_k)·Σ log π^(k)_θ(ỹ) − (1/L_j)·Σ log π^(j)_old(y), clamped to ±10 (eq. 11);
+* self (j = k):  J = min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A)                       (GSPO);
+* cross (j ≠ k): J = s_c · sg[s_c]^α · ω^(j,k) · A,  s_c = clamp(s, lb_m, 1),
+  lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14).
+
+The loss is −Σ J / (global number of sequences of the mini-batch), so summing micro-batch losses
+gives exactly the full mini-batch loss and gradient (spec §7).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from hacrl_megatron.config import HACPOConfig
+
+SEQUENCE_ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "naive")
+
+
+def sequence_log_ratio(
+    learner_logp_sum: torch.Tensor,
+    learner_len: torch.Tensor,
+    source_logp_sum: torch.Tensor,
+    source_len: torch.Tensor,
+    max_abs_log_ratio: float = 10.0,
+) -> torch.Tensor:
+    """log s^(k,j) per sequence (eq. 11): length-normalised log-prob difference, clamped.
+
+    All inputs are [S]; lengths are token counts (> 0) in each side's own tokenizer. Differentiable
+    through ``learner_logp_sum``. Returns [S] in the dtype of ``learner_logp_sum`` (float32 at least).
+    """
+    shapes = {t.shape for t in (learner_logp_sum, learner_len, source_logp_sum, source_len)}
+    if len(shapes) != 1 or learner_logp_sum.dim() != 1:
+        raise ValueError(f"sequence_log_ratio expects four [S] tensors, got shapes {sorted(map(tuple, shapes))}")
+    if (learner_len <= 0).any() or (source_len <= 0).any():
+        raise ValueError("sequence lengths must be > 0 on both sides (an empty response has no ratio)")
+    dtype = torch.promote_types(learner_logp_sum.dtype, torch.float32)
+    learner_mean = learner_logp_sum.to(dtype) / learner_len.to(dtype)
+    source_mean = source_logp_sum.to(dtype) / source_len.to(dtype)
+    return (learner_mean - source_mean).clamp(-max_abs_log_ratio, max_abs_log_ratio)
+
+
+def cross_window(update_index: int, cfg: HACPOConfig) -> tuple[float, float]:
+    """The cross clip window [lb_m, 1] at mini-batch update m (eq. 14; static when not stepwise)."""
+    if update_index < 0:
+        raise ValueError(f"update_index={update_index}: must be >= 0")
+    step = update_index * cfg.delta_step if cfg.stepwise else 0.0
+    return min(1.0, cfg.cross_clip_low + step), 1.0
+
+
+def gspo_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
+    """GSPO's clipped sequence objective min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A), [S]."""
+    return torch.minimum(ratio * advantages, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages)
+
+
+def _check_inputs(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: torch.Tensor,
+                  discrepancy: torch.Tensor) -> None:
+    if log_ratio.dim() != 1:
+        raise ValueError(f"log_ratio must be [S], got shape {tuple(log_ratio.shape)}")
+    for name, t in (("advantages", advantages), ("is_self", is_self), ("discrepancy", discrepancy)):
+        if t.shape != log_ratio.shape:
+            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected {tuple(log_ratio.shape)} like log_ratio")
+
+
+def hacpo_sequence_objective(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    is_self: torch.Tensor,
+    discrepancy: torch.Tensor,
+    update_index: int,
+    cfg: HACPOConfig,
+) -> torch.Tensor:
+    """Per-sequence objective J [S] of spec §4-5, differentiable through ``log_ratio``.
+
+    Args:
+        log_ratio: [S] log s from :func:`sequence_log_ratio`.
+        advantages: [S] learner's advantages A^(k) (eq. 7), constants.
+        is_self: [S] bool, True where the source agent is the learner.
+        discrepancy: [S] ω^(j,k) = clip(P̂_j / P̂_k) for each sequence's source j (1 for self).
+        update_index: m, optimizer updates already made by this learner in this step.
+        cfg: algorithm and ablation switches (spec §8). ``naive`` applies GSPO's clip to every
+            sequence with no coefficient and α = 0; ``gspo``/``gspo_x2`` treat every sequence as self.
+    """
+    _check_inputs(log_ratio, advantages, is_self, discrepancy)
+    if cfg.algorithm not in SEQUENCE_ALGORITHMS:
+        raise ValueError(f"hacpo.algorithm={cfg.algorithm!r} is not a sequence-level objective; "
+                         f"use grpo_token_loss for 'grpo'")
+    ratio = torch.exp(log_ratio)
+    adv = advantages.to(ratio.dtype)
+    self_term = gspo_objective(ratio, adv, cfg.self_clip_low, cfg.self_clip_high)
+    if cfg.algorithm in ("naive", "gspo", "gspo_x2"):
+        return self_term
+    if cfg.cross_clip:
+        low, high = cross_window(update_index, cfg)
+        clipped = ratio.clamp(low, high)
+    else:
+        clipped = ratio
+    coef = discrepancy.to(ratio.dtype) if cfg.discrepancy_coefficient else torch.ones_like(ratio)
+    cross_term = clipped * clipped.detach().pow(cfg.alpha) * coef * adv
+    return torch.where(is_self.bool(), self_term, cross_term)
+
+
+def _stats(values: torch.Tensor, prefix: str) -> dict[str, float]:
+    if values.numel() == 0:
+        return {f"{prefix}_mean": 0.0, f"{prefix}_min": 0.0, f"{prefix}_max": 0.0}
+    return {f"{prefix}_mean": float(values.mean()), f"{prefix}_min": float(values.min()),
+            f"{prefix}_max": float(values.max())}
+
+
+def _fraction(mask: torch.Tensor, within: torch.Tensor) -> float:
+    count = int(within.sum())
+    return float((mask & within).sum()) / count if count else 0.0
+
+
+def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: torch.Tensor,
+                  update_index: int, cfg: HACPOConfig) -> dict[str, float]:
+    """Ratio statistics and clip fractions of one (micro-)batch; empty groups report 0.
+
+    self_clipfrac: share of self sequences whose clipped GSPO branch is active (zero gradient).
+    cross_clipfrac: share of cross sequences with A ≠ 0 whose ratio lies outside [lb_m, 1].
+    """
+    with torch.no_grad():
+        ratio = torch.exp(log_ratio.detach().double())
+        adv = advantages.detach().double()
+        own = is_self.bool()
+        if cfg.algorithm in ("naive", "gspo", "gspo_x2"):
+            own = torch.ones_like(own)
+        low, high = cross_window(update_index, cfg)
+        if not cfg.cross_clip:
+            low, high = float("-inf"), float("inf")
+        self_clipped = ((adv > 0) & (ratio > 1 + cfg.self_clip_high)) | ((adv < 0) & (ratio < 1 - cfg.self_clip_low))
+        cross_clipped = (ratio < low) | (ratio > high)
+        metrics = {
+            **_stats(ratio[own], "self_ratio"),
+            **_stats(ratio[~own], "cross_ratio"),
+            "self_clipfrac": _fraction(self_clipped, own),
+            "cross_clipfrac": _fraction(cross_clipped, ~own & (adv != 0)),
+            "cross_lower_bound": low if cfg.cross_clip else 0.0,
+            "adv_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
+            "num_self": float(own.sum()),
+            "num_cross": float((~own).sum()),
+        }
+    return metrics
+
+
+def hacpo_loss(
+    log_ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    is_self: torch.Tensor,
+    discrepancy: torch.Tensor,
+    update_index: int,
+    cfg: HACPOConfig,
+    num_sequences: int | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Loss = −Σ J / num_sequences (spec §7) and metrics.
+
+    ``num_sequences`` is the **global** number of sequences in the mini-batch (across
+    micro-batches and data-parallel ranks); it defaults to this call's S. Returns a scalar
+    differentiable through ``log_ratio`` (an exact 0 with a graph when S = 0).
+    """
+    objective = hacpo_sequence_objective(log_ratio, advantages, is_self, discrepancy, update_index, cfg)
+    denom = log_ratio.numel() if num_sequences is None else num_sequences
+    if denom <= 0:
+        if log_ratio.numel():
+            raise ValueError(f"num_sequences={num_sequences} must be > 0 for a non-empty batch")
+        denom = 1
+    loss = -objective.sum() / denom
+    metrics = hacpo_metrics(log_ratio, advantages, is_self, update_index, cfg)
+    metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
+    return loss, metrics
