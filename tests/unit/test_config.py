@@ -1,0 +1,84 @@
+"""Config loading, overrides and up-front validation with messages naming field, value and rule."""
+
+import pytest
+import yaml
+
+from hacrl_megatron.config import (
+    ConfigError,
+    ExperimentConfig,
+    apply_override,
+    from_dict,
+    load_config,
+    preset_names,
+)
+
+
+def test_every_builtin_preset_loads_and_validates():
+    names = preset_names()
+    assert "cpu_demo" in names
+    for name in names:
+        cfg = load_config(name)
+        assert isinstance(cfg, ExperimentConfig)
+        assert len(cfg.agents) >= 1
+
+
+def test_dotted_overrides_reach_nested_fields_and_list_items():
+    cfg = load_config("cpu_demo", ["hacpo.alpha=3", "agents.0.parallel.tp=2", "agents.0.model.num_heads=4",
+                                   "agents.0.model.num_kv_heads=2", "train.steps=7", "data.eval_benchmarks=[gsm8k, math500]"])
+    assert cfg.hacpo.alpha == 3.0 and isinstance(cfg.hacpo.alpha, float)
+    assert cfg.agents[0].parallel.tp == 2
+    assert cfg.train.steps == 7
+    assert cfg.data.eval_benchmarks == ["gsm8k", "math500"]
+
+
+def test_preset_from_path_with_base(tmp_path):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({"base": "cpu_demo", "train": {"steps": 3}, "hacpo": {"alpha": 0.0}}))
+    cfg = load_config(str(path))
+    assert cfg.train.steps == 3 and cfg.hacpo.alpha == 0.0
+    assert cfg.agents == load_config("cpu_demo").agents
+
+
+@pytest.mark.parametrize(
+    "override, fragment",
+    [
+        ("hacpo.alpah=1", "unknown key(s) ['alpah']"),
+        ("train.steps=abc", "train.steps: expected an integer, got 'abc'"),
+        ("train.steps=1.5", "train.steps: expected an integer"),
+        ("hacpo.stepwise=3", "hacpo.stepwise: expected true/false"),
+        ("hacpo.alpha=-1", "hacpo.alpha=-1.0: must be >= 0"),
+        ("rollout.samples_per_prompt=1", "rollout.samples_per_prompt=1: G must be >= 2"),
+        ("hacpo.omega_min=2", "clip bounds out of order"),
+        ("hacpo.cross_clip_low=1.5", "hacpo.cross_clip_low=1.5"),
+        ("agents.1.name=llama", "agents.1.name='llama': duplicate agent name"),
+        ("agents.0.parallel.tp=3", "agents.0.parallel.tp=3: must divide num_heads=4"),
+        ("agents.0.parallel.pp=3", "must divide num_layers"),
+        ("hacpo.algorithm=ppo", "hacpo.algorithm='ppo': must be one of"),
+        ("train.mini_batches=3", "must divide train.prompts_per_step"),
+        ("agents.5.lr=1", "index '5' out of range"),
+        ("noequals", "expected dotted.key=value"),
+        ("agents.0.name=a-b", "must be an identifier"),
+    ],
+)
+def test_bad_values_fail_before_work_with_named_field(override, fragment):
+    with pytest.raises(ConfigError) as err:
+        load_config("cpu_demo", [override])
+    assert fragment in str(err.value)
+
+
+def test_hacpo_needs_two_agents_but_gspo_runs_alone():
+    with pytest.raises(ConfigError, match="needs >= 2 agents"):
+        from_dict(ExperimentConfig, {"agents": [{"name": "solo"}]}).validate()
+    cfg = from_dict(ExperimentConfig, {"agents": [{"name": "solo"}], "hacpo": {"algorithm": "gspo"}}).validate()
+    assert cfg.hacpo.algorithm == "gspo"
+
+
+def test_missing_preset_lists_builtins():
+    with pytest.raises(ConfigError, match="cpu_demo"):
+        load_config("does_not_exist")
+
+
+def test_apply_override_creates_nested_mapping():
+    data: dict = {}
+    apply_override(data, "log.wandb=true")
+    assert data == {"log": {"wandb": True}}
