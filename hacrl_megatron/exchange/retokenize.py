@@ -1,0 +1,259 @@
+"""Re-tokenization of trajectories into each learner's view, and its statistics (spec §6).
+
+Self records keep the source ids; cross records are decoded to text (special tokens skipped, no
+clean-up of spaces) and re-encoded with the learner's tokenizer (no special tokens added), after
+the learner's own templated prompt. End of sequence (``eos_mode``, cross records only):
+
+- ``"learner_eos"`` (default): append the learner's eos iff the source stopped by itself;
+- ``"source_eos_text"``: append the source's eos *string* encoded as ordinary text;
+- ``"no_eos"``: never train an eos on cross records.
+
+Self records always append the learner's eos when finish_reason == "eos": the engine returns ids
+without it (:class:`~hacrl_megatron.rollout.Completion`) and the agent must learn to stop, exactly
+as in single-agent GSPO. Prompts are left-truncated to ``max_prompt_len``, responses
+right-truncated to ``max_response_len`` (an eos that no longer fits is dropped); every truncation is
+counted per (source, learner) pair by :class:`ExchangeStats`.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from hacrl_megatron.exchange.records import LearnerView, Trajectory
+
+EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+
+
+def decode_response(tokenizer: Any, token_ids: Sequence[int]) -> str:
+    """Text of response ids as the exchange sees it: special tokens skipped, spaces untouched."""
+    return tokenizer.decode(list(token_ids), skip_special_tokens=True, clean_up_tokenization_spaces=False)
+
+
+def encode_text(tokenizer: Any, text: str, *, split_special_tokens: bool = False) -> list[int]:
+    """Ids of ``text`` with no bos/eos added (spec §6: "no special tokens added")."""
+    kwargs = {"split_special_tokens": True} if split_special_tokens else {}
+    return list(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
+
+
+@dataclass
+class _PairCounts:
+    n: int = 0
+    ratio_sum: float = 0.0
+    ratio_n: int = 0
+    truncated_prompt: int = 0
+    truncated_response: int = 0
+    roundtrip_mismatch: int = 0
+
+
+class ExchangeStats:
+    """Per (source, learner) pair counters of the re-tokenization (spec §6: "count and report").
+
+    token_ratio: mean over records of (learner response tokens / source response tokens), both
+    without eos — the density of the learner's tokenizer on the source's text. roundtrip_mismatch:
+    records whose text does not survive the learner's ``decode(encode(text))`` (characters the
+    learner cannot represent). Not thread-safe; one instance per trainer step is the intended use.
+    """
+
+    def __init__(self) -> None:
+        self._pairs: dict[tuple[str, str], _PairCounts] = defaultdict(_PairCounts)
+
+    def record(
+        self,
+        source: str,
+        learner: str,
+        *,
+        source_tokens: int,
+        learner_tokens: int,
+        truncated_prompt: bool,
+        truncated_response: bool,
+        roundtrip_mismatch: bool,
+    ) -> None:
+        c = self._pairs[(source, learner)]
+        c.n += 1
+        if source_tokens > 0:
+            c.ratio_sum += learner_tokens / source_tokens
+            c.ratio_n += 1
+        c.truncated_prompt += int(truncated_prompt)
+        c.truncated_response += int(truncated_response)
+        c.roundtrip_mismatch += int(roundtrip_mismatch)
+
+    def pairs(self) -> list[tuple[str, str]]:
+        return sorted(self._pairs)
+
+    def get(self, source: str, learner: str) -> dict[str, float]:
+        """Metrics of one pair: n, token_ratio, truncated_prompt, truncated_response, roundtrip_mismatch."""
+        if (source, learner) not in self._pairs:
+            raise KeyError(f"ExchangeStats: no records for source={source!r} learner={learner!r}; have {self.pairs()}")
+        c = self._pairs[(source, learner)]
+        return {
+            "n": float(c.n),
+            "token_ratio": c.ratio_sum / c.ratio_n if c.ratio_n else float("nan"),
+            "truncated_prompt": float(c.truncated_prompt),
+            "truncated_response": float(c.truncated_response),
+            "roundtrip_mismatch": float(c.roundtrip_mismatch),
+        }
+
+    def as_metrics(self, prefix: str = "") -> dict[str, float]:
+        """Flat ``{prefix}{learner}/exchange/from_{source}/{metric}`` → value (namespaced per learner)."""
+        out: dict[str, float] = {}
+        for source, learner in self.pairs():
+            for key, value in self.get(source, learner).items():
+                out[f"{prefix}{learner}/exchange/from_{source}/{key}"] = value
+        return out
+
+    def reset(self) -> None:
+        self._pairs.clear()
+
+
+def _response_ids(
+    traj: Trajectory,
+    learner_tokenizer: Any,
+    *,
+    keep_ids: bool,
+    source_tokenizer: Any | None,
+) -> tuple[list[int], str | None]:
+    """Learner response ids without eos, and the text they were encoded from (None if ids kept)."""
+    if keep_ids:
+        return list(traj.token_ids), None
+    text = decode_response(source_tokenizer, traj.token_ids) if source_tokenizer is not None else traj.response_text
+    return encode_text(learner_tokenizer, text), text
+
+
+def _eos_ids(traj: Trajectory, learner_tokenizer: Any, *, is_self: bool, keep_ids: bool, eos_mode: str,
+             source_tokenizer: Any | None) -> tuple[list[int], bool]:
+    """Ids that end the learner's view (spec §6 end rule), and whether they are the learner's eos."""
+    if traj.finish_reason != "eos":
+        return [], False  # truncated at the token budget: nothing to learn about stopping
+    eos = learner_tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("build_view: learner tokenizer has no eos_token_id")
+    if is_self or eos_mode == "learner_eos" or (keep_ids and eos_mode == "source_eos_text"):
+        return [int(eos)], True  # with one shared tokenizer the source eos text *is* the learner eos
+    if eos_mode == "no_eos":
+        return [], False
+    if source_tokenizer is None or source_tokenizer.eos_token is None:
+        raise ValueError("build_view: eos_mode='source_eos_text' needs source_tokenizer with an eos_token")
+    # split_special_tokens: the source's eos string is plain text for the learner, never its specials.
+    return encode_text(learner_tokenizer, source_tokenizer.eos_token, split_special_tokens=True), False
+
+
+def build_view(
+    traj: Trajectory,
+    learner_tokenizer: Any,
+    learner_prompt_ids: Sequence[int],
+    *,
+    is_self: bool,
+    eos_mode: str = "learner_eos",
+    max_prompt_len: int,
+    max_response_len: int,
+    same_tokenizer: bool = False,
+    source_tokenizer: Any | None = None,
+    stats: ExchangeStats | None = None,
+    learner_name: str | None = None,
+) -> LearnerView:
+    """Learner k's view of ``traj`` (spec §6).
+
+    Args:
+        traj: the trajectory (source ids without eos).
+        learner_tokenizer: learner k's tokenizer (needs ``eos_token_id``).
+        learner_prompt_ids: k's templated prompt ids for ``traj.prompt_text`` (with k's template
+            and special tokens, e.g. from ``format_prompt(question, tokenizer)``).
+        is_self: ``traj.source`` is the learner; ids are kept as sampled.
+        eos_mode: "learner_eos" | "source_eos_text" | "no_eos" (cross records only).
+        max_prompt_len / max_response_len: truncation lengths in learner tokens (≥ 1).
+        same_tokenizer: source and learner tokenizers are identical
+            (:func:`~hacrl_megatron.exchange.tokenizers.tokenizer_fingerprint`); cross ids are then
+            kept verbatim — a decode/encode round trip can re-segment a sampled tokenization.
+        source_tokenizer: decode ``traj.token_ids`` with it instead of using ``traj.response_text``;
+            needed for ``eos_mode="source_eos_text"``.
+        stats: if given, the view is recorded under (traj.source, learner_name).
+        learner_name: the learner's agent name for ``stats`` (default: traj.source when is_self).
+    """
+    if eos_mode not in EOS_MODES:
+        raise ValueError(f"build_view: eos_mode={eos_mode!r} must be one of {list(EOS_MODES)}")
+    for name, value in (("max_prompt_len", max_prompt_len), ("max_response_len", max_response_len)):
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"build_view: {name}={value!r} must be an integer >= 1")
+    keep_ids = is_self or same_tokenizer
+    response, text = _response_ids(traj, learner_tokenizer, keep_ids=keep_ids, source_tokenizer=source_tokenizer)
+    content_len = len(response)
+    tail, learner_eos = _eos_ids(traj, learner_tokenizer, is_self=is_self, keep_ids=keep_ids, eos_mode=eos_mode,
+                    source_tokenizer=source_tokenizer)
+    full = response + tail
+    truncated_response = len(full) > max_response_len
+    full = full[:max_response_len]
+    eos_appended = learner_eos and not truncated_response
+    prompt = [int(t) for t in learner_prompt_ids]
+    truncated_prompt = len(prompt) > max_prompt_len
+    if truncated_prompt:
+        prompt = prompt[-max_prompt_len:]  # left-truncate: the question's end sits next to the answer
+    if stats is not None:
+        learner = learner_name if learner_name is not None else (traj.source if is_self else None)
+        if learner is None:
+            raise ValueError("build_view: learner_name is required to record stats for a cross record")
+        mismatch = text is not None and decode_response(learner_tokenizer, response) != text
+        stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=content_len,
+                     truncated_prompt=truncated_prompt, truncated_response=truncated_response,
+                     roundtrip_mismatch=mismatch)
+    return LearnerView(
+        input_ids=tuple(prompt) + tuple(int(t) for t in full),
+        prompt_len=len(prompt),
+        response_len=len(full),
+        response_mask=(0,) * len(prompt) + (1,) * len(full),
+        truncated_prompt=truncated_prompt,
+        truncated_response=truncated_response,
+        eos_appended=eos_appended,
+    )
+
+
+class Exchange:
+    """All agents' tokenizers; builds every learner's views of a step's trajectories.
+
+    Fingerprints are computed once here, so identical tokenizers (e.g. two SmolLM2 agents) keep
+    source ids verbatim while different ones re-encode text (spec §6).
+    """
+
+    def __init__(self, tokenizers: Mapping[str, Any], *, eos_mode: str = "learner_eos",
+                 max_prompt_len: int, max_response_len: int) -> None:
+        from hacrl_megatron.exchange.tokenizers import tokenizer_fingerprint
+
+        if eos_mode not in EOS_MODES:
+            raise ValueError(f"Exchange: eos_mode={eos_mode!r} must be one of {list(EOS_MODES)}")
+        self.tokenizers = dict(tokenizers)
+        self.eos_mode = eos_mode
+        self.max_prompt_len = max_prompt_len
+        self.max_response_len = max_response_len
+        self._fingerprints = {name: tokenizer_fingerprint(tok) for name, tok in self.tokenizers.items()}
+        self.stats = ExchangeStats()
+
+    def same_tokenizer(self, a: str, b: str) -> bool:
+        return self._fingerprints[self._check(a)] == self._fingerprints[self._check(b)]
+
+    def _check(self, name: str) -> str:
+        if name not in self.tokenizers:
+            raise KeyError(f"Exchange: unknown agent {name!r}; known: {sorted(self.tokenizers)}")
+        return name
+
+    def views(self, learner: str, trajectories: Sequence[Trajectory],
+              prompt_ids: Mapping[str, Sequence[int]]) -> list[LearnerView]:
+        """Learner ``learner``'s view of each trajectory (same order).
+
+        ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids.
+        """
+        tok = self.tokenizers[self._check(learner)]
+        out = []
+        for traj in trajectories:
+            if traj.prompt_id not in prompt_ids:
+                raise KeyError(f"Exchange.views: no learner prompt ids for prompt_id={traj.prompt_id!r}")
+            out.append(build_view(
+                traj, tok, prompt_ids[traj.prompt_id], is_self=traj.source == learner,
+                eos_mode=self.eos_mode, max_prompt_len=self.max_prompt_len,
+                max_response_len=self.max_response_len,
+                same_tokenizer=self.same_tokenizer(traj.source, learner),
+                source_tokenizer=self.tokenizers[self._check(traj.source)],
+                stats=self.stats, learner_name=learner,
+            ))
+        return out
