@@ -1,0 +1,229 @@
+"""Local loaders for the paper's datasets (spec §9), normalised to :class:`PromptRecord`.
+
+Nothing downloads: each dataset is read from a local jsonl/json/parquet file through HF
+``datasets`` (imported lazily). Where the file is found:
+
+1. ``path`` (``data.path`` in the config): a file, or a directory searched like step 2;
+2. else ``$HACRL_DATA_DIR/<name>/``: ``<split>.jsonl``, ``<split>.json``, ``<split>.parquet``,
+   ``<split>-*.parquet`` or ``data/<split>-*.parquet`` (the HF hub layout), or the only data file there.
+
+Schemas (the columns of the public releases; all records get ``kind="math"``):
+
+| name | default split | question | reference answer | id |
+|---|---|---|---|---|
+| math | train | problem | last ``\\boxed{}`` of solution (+ level, type) | ``math-<split>-<row>`` |
+| math500 | test | problem | answer (solution, subject, level also present) | unique_id |
+| gsm8k | test | question | the number after ``####`` in answer | ``gsm8k-<split>-<row>`` |
+| aime2025 | test | problem (or question) | answer | id (or ID) |
+| amc23 | test | question (or problem) | answer (27.0 → 27) | id |
+| minerva | test | problem (or question) | answer, else last ``\\boxed{}`` of solution | idx/id |
+| olympiadbench | test | question (context prepended) | final_answer list, ``$`` stripped, joined by ", " | id |
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hacrl_megatron.data.records import PromptRecord
+from hacrl_megatron.reward.extract import last_boxed_answer
+
+logger = logging.getLogger(__name__)
+
+DATA_DIR_ENV = "HACRL_DATA_DIR"
+DEFAULT_SPLITS = {
+    "math": "train",
+    "math500": "test",
+    "gsm8k": "test",
+    "aime2025": "test",
+    "amc23": "test",
+    "minerva": "test",
+    "olympiadbench": "test",
+}
+BENCHMARKS = tuple(DEFAULT_SPLITS)
+_DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
+
+# A row normaliser returns (question, answer, id or None, solution or None); None answer = skip row.
+Row = tuple[str, str | None, str | None, str | None]
+
+
+def _answer_text(value: Any) -> str | None:
+    """A reference answer as a string: ints as digits, integral floats without ``.0``, lists joined."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return str(value)
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    if isinstance(value, (list, tuple)):
+        parts = [p for p in (_answer_text(v) for v in value) if p]
+        return ", ".join(parts) if parts else None
+    text = str(value).strip()
+    if len(text) >= 2 and text.startswith("$") and text.endswith("$"):
+        text = text.strip("$").strip()
+    return text or None
+
+
+def _col(row: dict, *names: str) -> Any:
+    """The first of ``names`` present in ``row`` (schemas differ between releases)."""
+    for name in names:
+        if name in row and row[name] is not None:
+            return row[name]
+    raise KeyError(" or ".join(names))
+
+
+def _math_row(row: dict) -> Row:
+    solution = _col(row, "solution")
+    return _col(row, "problem"), last_boxed_answer(solution), None, solution
+
+
+def _math500_row(row: dict) -> Row:
+    return (
+        _col(row, "problem"),
+        _answer_text(_col(row, "answer")),
+        str(_col(row, "unique_id")),
+        row.get("solution"),
+    )
+
+
+def _gsm8k_row(row: dict) -> Row:
+    full = _col(row, "answer")
+    if "####" not in full:
+        return _col(row, "question"), None, None, None
+    reasoning, final = full.rsplit("####", 1)
+    return _col(row, "question"), final.strip().replace(",", ""), None, reasoning.strip()
+
+
+def _aime_row(row: dict) -> Row:
+    rid = row.get("id", row.get("ID"))
+    return _col(row, "problem", "question"), _answer_text(_col(row, "answer")), rid, row.get("solution")
+
+
+def _amc_row(row: dict) -> Row:
+    return _col(row, "question", "problem"), _answer_text(_col(row, "answer")), row.get("id"), None
+
+
+def _minerva_row(row: dict) -> Row:
+    solution = row.get("solution")
+    answer = _answer_text(row.get("answer")) if row.get("answer") is not None else None
+    if answer is None:
+        answer = last_boxed_answer(_col(row, "solution"))
+    return _col(row, "problem", "question"), answer, row.get("idx", row.get("id")), solution
+
+
+def _olympiad_row(row: dict) -> Row:
+    question = _col(row, "question")
+    context = row.get("context")
+    if isinstance(context, str) and context.strip():
+        question = context.strip() + "\n\n" + question
+    solution = row.get("solution")
+    if isinstance(solution, list):
+        solution = "\n\n".join(str(s) for s in solution) or None
+    return question, _answer_text(_col(row, "final_answer")), row.get("id"), solution
+
+
+_NORMALISERS: dict[str, Callable[[dict], Row]] = {
+    "math": _math_row,
+    "math500": _math500_row,
+    "gsm8k": _gsm8k_row,
+    "aime2025": _aime_row,
+    "amc23": _amc_row,
+    "minerva": _minerva_row,
+    "olympiadbench": _olympiad_row,
+}
+
+
+def _candidates(directory: Path, split: str) -> list[Path]:
+    names = [directory / f"{split}{suffix}" for suffix in _DATA_SUFFIXES]
+    found = [p for p in names if p.is_file()]
+    found += sorted(directory.glob(f"{split}-*.parquet")) + sorted(directory.glob(f"data/{split}-*.parquet"))
+    if not found and directory.is_dir():
+        data_files = [p for p in sorted(directory.iterdir()) if p.suffix in _DATA_SUFFIXES and p.is_file()]
+        if len(data_files) == 1:
+            found = data_files
+    return found
+
+
+def resolve_data_files(name: str, path: str | None = None, split: str | None = None) -> list[Path]:
+    """The local file(s) holding benchmark ``name``; FileNotFoundError saying where to put them."""
+    if name not in DEFAULT_SPLITS:
+        raise ValueError(f"unknown benchmark {name!r}; valid names: {', '.join(BENCHMARKS)}")
+    split = split or DEFAULT_SPLITS[name]
+    if path is not None:
+        p = Path(path).expanduser()
+        if p.is_file():
+            return [p]
+        directory = p
+    elif os.environ.get(DATA_DIR_ENV):
+        directory = Path(os.environ[DATA_DIR_ENV]).expanduser() / name
+    else:
+        raise FileNotFoundError(
+            f"benchmark {name!r} needs a local file and none was given: pass data.path=<file or dir> "
+            f"or set {DATA_DIR_ENV}=<dir> with <dir>/{name}/{split}.jsonl (or .json/.parquet, or the HF "
+            f"layout data/{split}-*.parquet). Nothing is downloaded at run time."
+        )
+    found = _candidates(directory, split) if directory.is_dir() else []
+    if not found:
+        expected = ", ".join(str(directory / f"{split}{s}") for s in _DATA_SUFFIXES)
+        raise FileNotFoundError(
+            f"benchmark {name!r} (split {split!r}): no data file found; expected one of {expected} "
+            f"or {directory}/data/{split}-*.parquet. Put the dataset's {split} split there "
+            f"(data.path or {DATA_DIR_ENV}/<name>/). Nothing is downloaded at run time."
+        )
+    return found
+
+
+def _read_rows(files: list[Path]) -> list[dict]:
+    try:
+        from datasets import load_dataset
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ImportError(
+            "loading benchmarks needs HF datasets: pip install datasets (or '.[data]')"
+        ) from exc
+    builder = "parquet" if files[0].suffix == ".parquet" else "json"
+    ds = load_dataset(builder, data_files=[str(f) for f in files], split="train")
+    return list(ds)
+
+
+def load_benchmark_rows(
+    name: str, path: str | None = None, limit: int | None = None, split: str | None = None
+) -> list[tuple[PromptRecord, str | None]]:
+    """Records with their reference solution text (None when the dataset has none)."""
+    if limit is not None and limit < 0:
+        raise ValueError(f"limit={limit} must be >= 0 or None")
+    split = split or DEFAULT_SPLITS.get(name, "")
+    files = resolve_data_files(name, path, split)
+    rows = _read_rows(files)
+    out: list[tuple[PromptRecord, str | None]] = []
+    skipped = 0
+    for i, row in enumerate(rows):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            question, answer, rid, solution = _NORMALISERS[name](row)
+        except KeyError as exc:
+            raise ValueError(
+                f"{name} file {files[0]}: row {i} lacks column {exc.args[0]}; columns are {sorted(row)}"
+            ) from None
+        if not answer or not str(question).strip():
+            skipped += 1
+            continue
+        rec_id = str(rid) if rid not in (None, "") else f"{name}-{split}-{i}"
+        out.append((PromptRecord(rec_id, str(question), answer, name, "math"), solution))
+    if skipped:
+        logger.warning("%s: skipped %d rows without a question or a reference answer", name, skipped)
+    return out
+
+
+def load_benchmark(
+    name: str, path: str | None = None, limit: int | None = None, split: str | None = None
+) -> list[PromptRecord]:
+    """Benchmark ``name`` (one of ``BENCHMARKS``) as PromptRecords, at most ``limit`` of them.
+
+    ``path``: a data file or directory (else ``$HACRL_DATA_DIR/<name>/``); ``split``: which split's
+    file to look for (default per dataset, ``DEFAULT_SPLITS``).
+    """
+    return [rec for rec, _ in load_benchmark_rows(name, path, limit, split)]

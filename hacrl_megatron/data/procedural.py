@@ -1,0 +1,232 @@
+"""Procedural verifiable tasks: seeded, dependency-free, identical on every machine.
+
+Four generators (the CPU demo runs ``addition``):
+
+| task | question (difficulty d) | kind | answer |
+|---|---|---|---|
+| addition | ``37+48=?`` — two d-digit numbers (d = 1: 0..9) | integer | ``85`` |
+| arithmetic | ``12*34-56=?`` — three d-digit operands, ops from + − × (usual precedence) | integer | ``352`` |
+| linear | ``Solve for x: 3*x+5=20`` — integer solution, coefficients of up to d digits | integer | ``5`` |
+| countdown | ``Make 24 from 2, 3, 5, 7 using + - * / (each number at most once).`` — d + 2 numbers in 1..10d | countdown | ``24|2,3,5,7`` |
+
+Determinism: item i of a split is generated from ``random.Random("hacrl/<task>/d<d>/s<seed>/<split>/<i>")``
+(string seeds are hashed with SHA-512 by :mod:`random`, never with ``hash()``), so items depend
+only on (task, difficulty, seed, split, index): a resumed run continues from its data position.
+
+Train/eval disjointness: every problem has a canonical key (e.g. the unordered pair for addition);
+a fixed SHA-256 bucket of the key puts 1 in ``EVAL_BUCKETS`` problems in the eval partition. The
+train stream redraws until it hits a train problem and the eval stream until it hits an eval
+problem, so no eval problem is ever trained on.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+from dataclasses import dataclass
+
+from hacrl_megatron.data.records import PromptRecord
+from hacrl_megatron.reward.countdown import encode_countdown_reference
+
+EVAL_BUCKETS = 10  # 1 in 10 problems is reserved for evaluation
+MAX_DIFFICULTY = 12
+_MAX_REDRAWS = 2000
+_ID_RE = re.compile(r"^(?P<task>[a-z]+)-d(?P<d>\d+)-s(?P<seed>-?\d+)-(?P<split>train|eval)-(?P<index>\d+)$")
+
+
+@dataclass(frozen=True)
+class _Problem:
+    question: str
+    answer: str
+    key: str  # canonical identity of the problem for the train/eval split
+    solution: str  # SFT target: a correct response ending with \boxed{answer}
+
+
+def _digits_range(d: int) -> tuple[int, int]:
+    """Inclusive range of d-digit numbers (d = 1 includes 0)."""
+    return (0 if d == 1 else 10 ** (d - 1)), 10**d - 1
+
+
+def _is_eval_key(key: str) -> bool:
+    digest = hashlib.sha256(key.encode("utf-8")).digest()
+    return int.from_bytes(digest[:8], "big") % EVAL_BUCKETS == 0
+
+
+class ProceduralTask:
+    """Base class: deterministic train stream, disjoint eval stream, SFT targets.
+
+    Subclasses set ``name`` and ``kind`` and implement ``_generate(rng) -> _Problem``.
+    """
+
+    name = ""
+    kind = "integer"
+
+    def __init__(self, difficulty: int, seed: int) -> None:
+        if not isinstance(difficulty, int) or not 1 <= difficulty <= MAX_DIFFICULTY:
+            raise ValueError(
+                f"{self.name}: difficulty={difficulty!r} must be an int in [1, {MAX_DIFFICULTY}]"
+            )
+        if not isinstance(seed, int):
+            raise ValueError(f"{self.name}: seed={seed!r} must be an int")
+        self.difficulty = difficulty
+        self.seed = seed
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        raise NotImplementedError
+
+    def _problem(self, split: str, index: int) -> _Problem:
+        rng = random.Random(f"hacrl/{self.name}/d{self.difficulty}/s{self.seed}/{split}/{index}")
+        want_eval = split == "eval"
+        for _ in range(_MAX_REDRAWS):
+            problem = self._generate(rng)
+            if _is_eval_key(problem.key) == want_eval:
+                return problem
+        raise RuntimeError(
+            f"{self.name} d={self.difficulty}: no {split} problem found in {_MAX_REDRAWS} draws; "
+            "the problem space is too small for a train/eval split — raise the difficulty"
+        )
+
+    def _record(self, split: str, index: int) -> PromptRecord:
+        p = self._problem(split, index)
+        rid = f"{self.name}-d{self.difficulty}-s{self.seed}-{split}-{index}"
+        return PromptRecord(id=rid, question=p.question, answer=p.answer, source=self.name, kind=self.kind)
+
+    def sample(self, n: int, offset: int = 0) -> list[PromptRecord]:
+        """Training items ``offset .. offset+n-1`` of the train stream (pure function of the index)."""
+        if n < 0 or offset < 0:
+            raise ValueError(f"{self.name}.sample: n={n} and offset={offset} must be >= 0")
+        return [self._record("train", offset + i) for i in range(n)]
+
+    def eval_set(self, n: int) -> list[PromptRecord]:
+        """``n`` held-out items, disjoint from every training item; distinct while the eval
+        partition has enough problems (tiny spaces such as d = 1 addition then repeat cyclically)."""
+        if n < 0:
+            raise ValueError(f"{self.name}.eval_set: n={n} must be >= 0")
+        records: list[PromptRecord] = []
+        seen: set[str] = set()
+        index = 0
+        while len(records) < n and index < 20 * n + 100:
+            rec = self._record("eval", index)
+            index += 1
+            if rec.question not in seen:
+                seen.add(rec.question)
+                records.append(rec)
+        distinct = list(records)
+        while len(records) < n:  # exhausted partition: cycle through the distinct problems
+            records.append(distinct[len(records) % len(distinct)])
+        return records
+
+    def sft_target(self, record: PromptRecord) -> str:
+        """A correct response for one of this task's records, ending with ``\\boxed{answer}``.
+
+        The record is regenerated from its id, so this works for records of a resumed run too.
+        """
+        m = _ID_RE.match(record.id)
+        if not m or m["task"] != self.name or int(m["d"]) != self.difficulty or int(m["seed"]) != self.seed:
+            raise ValueError(
+                f"record id {record.id!r} was not produced by task {self.name} "
+                f"(difficulty={self.difficulty}, seed={self.seed})"
+            )
+        return self._problem(m["split"], int(m["index"])).solution
+
+
+class AdditionTask(ProceduralTask):
+    """``a+b=?`` with two d-digit numbers; the CPU demo task (short questions for tiny models)."""
+
+    name = "addition"
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        lo, hi = _digits_range(self.difficulty)
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        total = str(a + b)
+        return _Problem(f"{a}+{b}=?", total, f"{min(a, b)}+{max(a, b)}", f"\\boxed{{{total}}}")
+
+
+def _apply(op: str, a: int, b: int) -> int:
+    return a + b if op == "+" else a - b if op == "-" else a * b
+
+
+class ArithmeticTask(ProceduralTask):
+    """``a op b op c=?`` with three d-digit operands and + − × at the usual precedence."""
+
+    name = "arithmetic"
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        lo, hi = _digits_range(self.difficulty)
+        a, b, c = (rng.randint(lo, hi) for _ in range(3))
+        op1, op2 = rng.choice("+-*"), rng.choice("+-*")
+        if op2 == "*" and op1 != "*":  # × binds tighter: a op1 (b × c)
+            value = _apply(op1, a, b * c)
+        else:
+            value = _apply(op2, _apply(op1, a, b), c)
+        question = f"{a}{op1}{b}{op2}{c}=?"
+        return _Problem(question, str(value), question, f"\\boxed{{{value}}}")
+
+
+class LinearTask(ProceduralTask):
+    """``Solve for x: a*x+b=c`` with an integer solution; |a|, |b|, |x| have up to d digits."""
+
+    name = "linear"
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        hi = 10**self.difficulty - 1
+        a = rng.randint(2, max(2, hi))
+        if self.difficulty > 1 and rng.random() < 0.5:
+            a = -a
+        x, b = rng.randint(-hi, hi), rng.randint(-hi, hi)
+        c = a * x + b
+        lhs = f"{a}*x" + ("" if b == 0 else f"{b:+d}")
+        question = f"Solve for x: {lhs}={c}"
+        rhs = c - b
+        solution = f"{a}*x = {c}{-b:+d} = {rhs}, so x = {rhs}/{a} = {x}. \\boxed{{{x}}}"
+        if b == 0:
+            solution = f"x = {c}/{a} = {x}. \\boxed{{{x}}}"
+        return _Problem(question, str(x), question, solution)
+
+
+class CountdownTask(ProceduralTask):
+    """Reach a target from d + 2 numbers in 1..10d with + − × ÷ (each number at most once).
+
+    The target is built from a random expression over a random subset (≥ 2) of the numbers with
+    positive integer intermediate results, so every item is solvable; that expression is the SFT
+    target. The target never equals one of the given numbers.
+    """
+
+    name = "countdown"
+    kind = "countdown"
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        d = self.difficulty
+        for _ in range(_MAX_REDRAWS):
+            numbers = [rng.randint(1, 10 * d) for _ in range(d + 2)]
+            target, expr = self._random_expression(rng, numbers)
+            if 1 <= target <= 10 ** (d + 1) and target not in numbers:
+                break
+        else:
+            raise RuntimeError(f"countdown d={d}: no valid target found in {_MAX_REDRAWS} draws")
+        shown = ", ".join(str(v) for v in numbers)
+        question = f"Make {target} from {shown} using + - * / (each number at most once)."
+        key = f"{target}|{sorted(numbers)}"
+        return _Problem(question, encode_countdown_reference(target, numbers), key, f"\\boxed{{{expr}}}")
+
+    @staticmethod
+    def _random_expression(rng: random.Random, numbers: list[int]) -> tuple[int, str]:
+        """Combine a random subset (≥ 2) of ``numbers`` pairwise with random valid operations;
+        intermediate values stay positive integers. Returns (value, expression)."""
+        terms = [(v, str(v)) for v in rng.sample(numbers, rng.randint(2, len(numbers)))]
+        while len(terms) > 1:
+            (x, ex), (y, ey) = terms.pop(rng.randrange(len(terms))), terms.pop(rng.randrange(len(terms)))
+            if x < y:
+                (x, ex), (y, ey) = (y, ey), (x, ex)
+            ops = ["+", "*"] + (["-"] if x > y else []) + (["/"] if y > 1 and x % y == 0 else [])
+            op = rng.choice(ops)
+            value = {"+": x + y, "*": x * y, "-": x - y, "/": x // max(y, 1)}[op]
+            terms.append((value, f"({ex}{op}{ey})"))
+        value, expr = terms[0]
+        return value, expr[1:-1]  # drop the outermost parentheses
+
+
+TASKS: dict[str, type[ProceduralTask]] = {
+    cls.name: cls for cls in (AdditionTask, ArithmeticTask, LinearTask, CountdownTask)
+}

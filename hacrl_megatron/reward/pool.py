@@ -1,0 +1,282 @@
+"""A process pool for the shared verifier with a hard per-item timeout (DESIGN: reward/).
+
+Why processes: math-verify enforces its limits with ``signal.alarm`` (main thread only), and some
+inputs (a big-integer power, a pathological sympy expression) block inside one C call that no
+signal interrupts. A worker process can always be killed. Each worker is a ``spawn``-ed process
+(safe next to torch threads) fed one item at a time over its own pipe; the controller waits on
+all pipes and process sentinels at once, so:
+
+- an item that runs past ``timeout_s`` scores 0, is counted in ``timeouts``, and its worker is
+  killed and replaced;
+- a worker that dies (segfault, OOM kill, ``os._exit``) scores its item 0, is counted in
+  ``errors``, and is replaced;
+- an exception inside scoring scores 0 and is counted in ``errors`` (the worker lives on);
+- a response refused by a safety screen scores by the exact match only and is counted in ``guarded``.
+
+The pool lives across calls (workers start once and are reused). ``num_workers=0`` scores in the
+calling process: no hard timeout, but the same guards (length caps, the explosive-input screen
+before math-verify, math-verify's own alarms in the main thread).
+
+Usage::
+
+    with VerifierPool(num_workers=2, timeout_s=5.0, mode="math") as pool:
+        rewards = pool.score([RewardRequest("math", response, "\\\\frac{1}{2}"), ...])
+        pool.stats  # {"scored": ..., "timeouts": ..., "errors": ..., "guarded": ..., "restarts": ...}
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import multiprocessing as mp
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from multiprocessing.connection import wait
+
+from hacrl_megatron.reward.verify import MODES, RewardRequest, score_request_with_event
+
+logger = logging.getLogger(__name__)
+
+ScoreFn = Callable[[RewardRequest, str], float]
+_READY = "ready"
+
+
+def _warm_up(mode: str) -> None:
+    """Import the scoring backend before reporting ready, so start-up never eats an item's budget."""
+    if mode == "math_verify":
+        from hacrl_megatron.reward.math_verify_backend import math_verify_equal
+
+        math_verify_equal("\\boxed{1}", "1")
+
+
+def _score_one(request: RewardRequest, mode: str, score_fn: ScoreFn | None) -> tuple[float, str | None, str]:
+    """(score, event, error message) for one request; never raises."""
+    try:
+        if score_fn is None:
+            value, event = score_request_with_event(request, mode)
+        else:
+            value, event = float(score_fn(request, mode)), None
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            return 0.0, "error", f"score {value!r} is outside [0, 1]"
+        return value, event, ""
+    except Exception as exc:  # any scoring failure is a 0 reward, counted, never a crash
+        return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]
+
+
+def _worker_main(conn, mode: str, score_fn: ScoreFn | None) -> None:
+    """Worker loop: receive (index, request), send (index, score, event, error); None stops it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    _warm_up(mode)
+    conn.send(_READY)
+    while True:
+        try:
+            msg = conn.recv()
+        except (EOFError, OSError):
+            return
+        if msg is None:
+            return
+        index, request = msg
+        conn.send((index, *_score_one(request, mode, score_fn)))
+
+
+class _Worker:
+    """Controller-side handle of one worker process."""
+
+    def __init__(self, ctx, mode: str, score_fn: ScoreFn | None) -> None:
+        self.conn, child = ctx.Pipe(duplex=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_fn), daemon=True)
+        self.process.start()
+        child.close()
+        self.ready = False
+        self.started = time.monotonic()
+        self.item: int | None = None
+        self.deadline = math.inf
+
+    def kill(self) -> None:
+        if self.process.is_alive():
+            self.process.kill()
+        self.process.join(timeout=5)
+        self.conn.close()
+
+
+class VerifierPool:
+    """Score :class:`RewardRequest` batches in worker processes with a per-item timeout.
+
+    Args:
+        num_workers: worker processes (0: score in the calling process).
+        timeout_s: wall-clock seconds one item may take in a worker before it scores 0.
+        mode: ``"math"`` (paper's normalised exact match) or ``"math_verify"``.
+        score_fn: optional picklable top-level callable ``(request, mode) -> float`` replacing the
+            built-in scorer (custom verifiers; tests).
+        start_method: multiprocessing start method, ``"spawn"`` or ``"forkserver"`` (fork is refused:
+            unsafe with torch's threads).
+        startup_timeout_s: seconds a new worker may take to import and warm up.
+    """
+
+    def __init__(
+        self,
+        num_workers: int = 2,
+        timeout_s: float = 5.0,
+        mode: str = "math",
+        score_fn: ScoreFn | None = None,
+        start_method: str = "spawn",
+        startup_timeout_s: float = 120.0,
+    ) -> None:
+        if not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(f"num_workers={num_workers!r} must be an int >= 0")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s={timeout_s!r} must be > 0")
+        if mode not in MODES:
+            raise ValueError(f"mode={mode!r} is not one of {MODES}")
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method={start_method!r} must be 'spawn' or 'forkserver'")
+        self.num_workers = num_workers
+        self.timeout_s = float(timeout_s)
+        self.mode = mode
+        self.startup_timeout_s = float(startup_timeout_s)
+        self._score_fn = score_fn
+        self._ctx = mp.get_context(start_method)
+        self._stats = {"scored": 0, "timeouts": 0, "errors": 0, "guarded": 0, "restarts": 0}
+        self._workers: list[_Worker] = [self._new_worker() for _ in range(num_workers)]
+        self._closed = False
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        """Counters since creation: scored (normally), timeouts, errors, guarded, restarts."""
+        return dict(self._stats)
+
+    @property
+    def worker_pids(self) -> list[int]:
+        """PIDs of the current worker processes (they change when a worker is replaced)."""
+        return [w.process.pid for w in self._workers]
+
+    def score(self, requests: list[RewardRequest]) -> list[float]:
+        """One reward in [0, 1] per request, in order. Never raises for a bad response."""
+        if self._closed:
+            raise RuntimeError("VerifierPool.score called after close()")
+        for i, r in enumerate(requests):
+            if not isinstance(r, RewardRequest):
+                raise TypeError(f"requests[{i}] must be a RewardRequest, got {type(r).__name__}")
+        if self.num_workers == 0:
+            return [self._record(*_score_one(r, self.mode, self._score_fn)) for r in requests]
+        return self._score_in_workers(requests)
+
+    def close(self) -> None:
+        """Stop the workers (politely, then by force). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except (OSError, ValueError):
+                pass
+        for w in self._workers:
+            w.process.join(timeout=2)
+            w.kill()
+        self._workers = []
+
+    def __enter__(self) -> VerifierPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- internals ----------------------------------------------------------------------------
+    def _new_worker(self) -> _Worker:
+        return _Worker(self._ctx, self.mode, self._score_fn)
+
+    def _record(self, value: float, event: str | None, error: str) -> float:
+        if event == "error":
+            self._stats["errors"] += 1
+            logger.warning("verifier error (scored 0): %s", error)
+        else:
+            self._stats["scored"] += 1
+            if event == "guarded":
+                self._stats["guarded"] += 1
+        return value
+
+    def _replace(self, slot: int) -> None:
+        self._workers[slot].kill()
+        self._workers[slot] = self._new_worker()
+        self._stats["restarts"] += 1
+
+    def _dispatch(self, requests: list[RewardRequest], pending: deque) -> None:
+        """Send the next pending item to every ready, idle worker."""
+        for slot, w in enumerate(self._workers):
+            if not (w.ready and w.item is None and pending):
+                continue
+            index = pending.popleft()
+            try:
+                w.conn.send((index, requests[index]))
+            except (OSError, ValueError):  # worker died while idle: replace, retry the item
+                pending.appendleft(index)
+                self._replace(slot)
+                continue
+            w.item, w.deadline = index, time.monotonic() + self.timeout_s
+
+    def _score_in_workers(self, requests: list[RewardRequest]) -> list[float]:
+        results: list[float | None] = [None] * len(requests)
+        pending = deque(range(len(requests)))
+        while pending or any(w.item is not None for w in self._workers):
+            self._dispatch(requests, pending)
+            now = time.monotonic()
+            deadlines = [w.deadline for w in self._workers if w.item is not None]
+            deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
+            timeout = max(0.0, min(deadlines, default=now + 1.0) - now)
+            handles = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
+            wait(handles, timeout=timeout)
+            for slot in range(len(self._workers)):
+                self._poll(slot, results)
+        return [float(r) for r in results]
+
+    def _poll(self, slot: int, results: list) -> None:
+        """Collect a worker's message, or handle its death, overrun or failed start-up."""
+        w = self._workers[slot]
+        try:
+            has_msg = w.conn.poll()
+            msg = w.conn.recv() if has_msg else None
+        except (EOFError, OSError):
+            has_msg, msg = False, None
+        if has_msg and msg == _READY:
+            w.ready = True
+            return
+        if has_msg:
+            index, value, event, error = msg
+            results[index] = self._record(value, event, error)
+            w.item, w.deadline = None, math.inf
+            return
+        now = time.monotonic()
+        if not w.process.is_alive():
+            self._on_dead(slot, results)
+        elif w.item is not None and now >= w.deadline:
+            logger.warning(
+                "verifier item %d ran past %.1fs: scored 0, worker replaced", w.item, self.timeout_s
+            )
+            results[w.item] = 0.0
+            self._stats["timeouts"] += 1
+            self._replace(slot)
+        elif not w.ready and now >= w.started + self.startup_timeout_s:
+            raise RuntimeError(f"verifier worker did not start within {self.startup_timeout_s:.0f}s")
+
+    def _on_dead(self, slot: int, results: list) -> None:
+        w = self._workers[slot]
+        if not w.ready:
+            raise RuntimeError(
+                f"verifier worker exited during start-up with code {w.process.exitcode}; "
+                "check that hacrl_megatron and the reward backend import in a fresh process"
+            )
+        if w.item is not None:
+            logger.warning("verifier worker died (exit %s) on item %d: scored 0", w.process.exitcode, w.item)
+            results[w.item] = 0.0
+            self._stats["errors"] += 1
+        self._replace(slot)
