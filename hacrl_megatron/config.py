@@ -27,6 +27,7 @@ ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
 ARCHS = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang")
+BACKENDS = ("megatron", "hf")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
 
 
@@ -70,14 +71,17 @@ class AgentConfig:
     """One heterogeneous agent: model, tokenizer, layout and optimiser settings."""
 
     name: str = "agent"
+    backend: str = "megatron"  # megatron (megatron-core GPTModel) | hf (plain transformers + AdamW)
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
+    prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     lr: float = 1e-6  # AdamW learning rate (spec §7: 1e-6 in the paper)
     init_checkpoint: str | None = None  # Megatron or HF checkpoint to start from (e.g. SFT warm-up)
     warmup_sft_lr: float = 1e-3  # learning rate of the supervised warm-up (`hacrl pretrain`)
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
     warmup_sft_max_steps: int = 2000
+    warmup_sft_batch: int = 128  # sequences per warm-up update
 
 
 @dataclass
@@ -134,6 +138,10 @@ class TrainConfig:
     lr_schedule: str = "constant"  # constant | cosine
     eval_every: int = 10
     seed: int = 0
+    sft_warmup: bool = False  # warm up agents without init_checkpoint/hf_path by SFT first (cached)
+    verifier_workers: int = 2  # verifier processes; 0 scores in-process (no hard timeout)
+    verifier_timeout_s: float = 5.0
+    verifier_mode: str = "math"  # math (MATH string normalisation) | math_verify
 
 
 @dataclass
@@ -346,6 +354,9 @@ def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
 
 def validate_agent(agent: AgentConfig, path: str) -> None:
     m, p = agent.model, agent.parallel
+    _one_of(f"{path}.backend", agent.backend, BACKENDS)
+    _rule(agent.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent.backend,
+          "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
     _one_of(f"{path}.model.arch", m.arch, ARCHS)
     _one_of(f"{path}.model.dtype", m.dtype, DTYPES)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"):
@@ -363,6 +374,9 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
         _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
     _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
     _rule(agent.lr > 0, f"{path}.lr", agent.lr, "must be > 0")
+    _rule(agent.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent.warmup_sft_lr, "must be > 0")
+    _rule(agent.warmup_sft_batch >= 1, f"{path}.warmup_sft_batch", agent.warmup_sft_batch, "must be >= 1")
+    _rule(agent.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent.warmup_sft_max_steps, "must be >= 1")
     _rule(agent.name.isidentifier(), f"{path}.name", agent.name,
           "must be an identifier (letters, digits, _), it names metric keys and folders")
 
@@ -411,6 +425,9 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
           "must be one of ['constant', 'cosine']")
     _rule(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+    _rule(t.verifier_workers >= 0, "train.verifier_workers", t.verifier_workers, "must be >= 0")
+    _rule(t.verifier_timeout_s > 0, "train.verifier_timeout_s", t.verifier_timeout_s, "must be > 0")
+    _one_of("train.verifier_mode", t.verifier_mode, ("math", "math_verify"))
     _rule(cfg.data.difficulty >= 1, "data.difficulty", cfg.data.difficulty, "must be >= 1")
     _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
     _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")

@@ -1,0 +1,158 @@
+"""HFAgent: an AgentHandle over a plain transformers causal LM with torch AdamW.
+
+No Megatron: one process, no model parallelism. It serves quick CPU runs of models the Megatron
+provider does not cover, and it is the reference that the Megatron agent's log-probs and updates
+are checked against (same HF weights in, same numbers out).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.packing import micro_batches, pad_right, response_logprobs_from_logits
+
+
+def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
+    """Linear warm-up over ``warmup`` updates, then constant or cosine decay to 0 at ``total``."""
+    if warmup > 0 and update < warmup:
+        return (update + 1) / warmup
+    if schedule == "constant" or total <= warmup:
+        return 1.0
+    progress = min(1.0, (update - warmup) / max(1, total - warmup))
+    return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+class HFAgent:
+    """Trains ``model`` (a transformers ``PreTrainedModel``) with AdamW on SequenceBatches."""
+
+    def __init__(
+        self,
+        name: str,
+        model: Any,
+        *,
+        lr: float,
+        micro_batch_size: int = 64,
+        grad_clip: float = 1.0,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        lr_warmup_steps: int = 0,
+        lr_schedule: str = "constant",
+        total_updates: int = 1,
+    ) -> None:
+        self.name = name
+        self.model = model
+        self.micro_batch_size = micro_batch_size
+        self.grad_clip = grad_clip
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.base_lr = lr
+        self._schedule = (lr_warmup_steps, total_updates, lr_schedule)
+        self.updates = 0
+        self._stats: dict[str, float] = {}
+
+    # ---- forward ---------------------------------------------------------------------------
+    def _logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
+        input_ids, mask = pad_right(batch)
+        logits = self.model(input_ids=input_ids, attention_mask=mask).logits
+        return response_logprobs_from_logits(logits, batch, temperature)
+
+    def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """No-grad per-token log-probs of the response tokens (packed), micro-batched."""
+        start = time.perf_counter()
+        self.model.eval()
+        outs = []
+        with torch.no_grad():
+            for mb in micro_batches(batch, self.micro_batch_size):
+                outs.append(self._logprobs(mb, temperature))
+        self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - start, 1e-9)
+        lens = torch.cat([o.seq_len for o in outs])
+        cu = torch.zeros(len(lens) + 1, dtype=torch.long)
+        cu[1:] = torch.cumsum(lens, 0)
+        return LogProbOutput(torch.cat([o.token_logps for o in outs]), cu,
+                             torch.cat([o.seq_logp_sum for o in outs]), lens)
+
+    def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.token_logprobs(batch, temperature)
+        return out.seq_logp_sum, out.seq_len
+
+    # ---- update ----------------------------------------------------------------------------
+    def _set_lr(self) -> float:
+        warmup, total, schedule = self._schedule
+        lr = self.base_lr * lr_multiplier(self.updates, warmup, total, schedule)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        return lr
+
+    def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
+        """One AdamW update per mini-batch m = 0..M−1; micro-batch losses are globally normalised."""
+        self.model.train()
+        results = []
+        for m, mini in enumerate(mini_batches):
+            start = time.perf_counter()
+            lr = self._set_lr()
+            self.optimizer.zero_grad(set_to_none=True)
+            total_loss, sums, count = 0.0, {}, 0
+            for mb in micro_batches(mini, self.micro_batch_size):
+                out = self._logprobs(mb, temperature)
+                loss, metrics = loss_fn(out, mb.extras, m, len(mini))
+                loss.backward()
+                total_loss += float(loss.detach())
+                for key, value in metrics.items():
+                    sums[key] = sums.get(key, 0.0) + value * len(mb)
+                count += len(mb)
+            params = [p for p in self.model.parameters() if p.grad is not None]
+            max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+            self.optimizer.step()
+            self.updates += 1
+            elapsed = time.perf_counter() - start
+            self._stats["train_tokens_per_s"] = mini.num_tokens() / max(elapsed, 1e-9)
+            metrics = {k: v / max(count, 1) for k, v in sums.items()}
+            metrics.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update=float(self.updates))
+            results.append(metrics)
+        return results
+
+    # ---- state -----------------------------------------------------------------------------
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in self.model.state_dict().items():
+            yield name, tensor.detach()
+
+    def save(self, path: str) -> None:
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(out / "hf")
+        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / "optimizer.pt")
+
+    def load(self, path: str) -> None:
+        src = Path(path)
+        if not (src / "optimizer.pt").exists():
+            raise FileNotFoundError(f"{src}: not an HFAgent checkpoint (no optimizer.pt)")
+        from safetensors.torch import load_file
+
+        state: dict[str, torch.Tensor] = {}
+        for shard in sorted((src / "hf").glob("*.safetensors")):
+            state.update(load_file(str(shard)))
+        missing, unexpected = self.model.load_state_dict(state, strict=False)
+        tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
+        if set(missing) - tied or unexpected:
+            raise ValueError(f"{src}: checkpoint does not match model {type(self.model).__name__}: "
+                             f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+        extra = torch.load(src / "optimizer.pt", weights_only=False)
+        self.optimizer.load_state_dict(extra["optimizer"])
+        self.updates = int(extra["updates"])
+
+    def stats(self) -> dict[str, float]:
+        out = dict(self._stats)
+        try:
+            import resource
+
+            out["peak_rss_gb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        except ImportError:  # not on every platform
+            pass
+        return out

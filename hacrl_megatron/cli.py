@@ -1,0 +1,110 @@
+"""`hacrl` command line: one entry point, one sub-command per job.
+
+    hacrl train [--preset NAME|FILE] [dotted.key=value ...]    HACRL training (default: the CPU demo)
+    hacrl pretrain [--preset ...] [overrides ...]              supervised warm-up of every agent (cached)
+    hacrl eval ...                                             evaluate an agent on benchmarks
+    hacrl convert ...                                          HF / GGUF ↔ Megatron checkpoints
+    hacrl config [--preset ...] [overrides ...]                print the resolved, validated config
+    hacrl presets                                              list built-in presets
+
+Heavy modules are imported inside each command so `hacrl --help` stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import sys
+
+import yaml
+
+from hacrl_megatron.config import ConfigError, load_config, preset_names
+
+DEFAULT_PRESET = "cpu_demo"
+
+# sub-commands implemented in other modules: name -> (module, help). Each module exposes
+# add_arguments(parser) and main(args) -> int.
+EXTERNAL_COMMANDS = {
+    "eval": ("hacrl_megatron.eval.cli", "evaluate agents on benchmarks (avg@k, pass@k, best@k)"),
+    "convert": ("hacrl_megatron.models.convert_cli", "convert HF/GGUF checkpoints to Megatron and back"),
+}
+
+
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default=DEFAULT_PRESET,
+                   help=f"built-in preset name or YAML path (default {DEFAULT_PRESET}; see `hacrl presets`)")
+    p.add_argument("overrides", nargs="*", metavar="key=value",
+                   help="dotted overrides, e.g. hacpo.alpha=3 agents.0.parallel.tp=2")
+
+
+def _cmd_config(args: argparse.Namespace) -> int:
+    cfg = load_config(args.preset, args.overrides)
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
+
+
+def _cmd_presets(args: argparse.Namespace) -> int:
+    for name in preset_names():
+        cfg = load_config(name)
+        agents = ", ".join(a.name for a in cfg.agents)
+        print(f"{name:28s} {cfg.hacpo.algorithm:8s} agents: {agents}")
+    return 0
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from hacrl_megatron.trainer.loop import train
+
+    cfg = load_config(args.preset, args.overrides)
+    train(cfg)
+    return 0
+
+
+def _cmd_pretrain(args: argparse.Namespace) -> int:
+    from hacrl_megatron.trainer.pretrain import pretrain_all
+
+    cfg = load_config(args.preset, args.overrides)
+    pretrain_all(cfg, force=args.force)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    p = sub.add_parser("train", help="run HACRL training (no arguments: the CPU demo)")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_train)
+    p = sub.add_parser("pretrain", help="supervised warm-up of every agent, cached for `train`")
+    _add_config_args(p)
+    p.add_argument("--force", action="store_true", help="redo the warm-up even if a cached one exists")
+    p.set_defaults(func=_cmd_pretrain)
+    p = sub.add_parser("config", help="print the resolved, validated configuration")
+    _add_config_args(p)
+    p.set_defaults(func=_cmd_config)
+    p = sub.add_parser("presets", help="list built-in presets")
+    p.set_defaults(func=_cmd_presets)
+    for name, (module, help_text) in EXTERNAL_COMMANDS.items():
+        if importlib.util.find_spec(module) is None:
+            continue  # only expose commands whose implementation is installed
+        p = sub.add_parser(name, help=help_text)
+        mod = importlib.import_module(module)
+        mod.add_arguments(p)
+        p.set_defaults(func=mod.main)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    try:
+        return int(args.func(args) or 0)
+    except ConfigError as err:
+        print(f"hacrl: configuration error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,182 @@
+"""The HACRL loop for n agents. One step reads as the data flow of DESIGN.md:
+
+sample prompts → every agent's engine samples G responses → shared verifier → source log-prob
+sums under π_old → each learner's views of all responses → capability tracker, advantages →
+M mini-batch updates per learner (m = 0..M−1) → weight sync into the engines → metrics,
+checkpoint, periodic evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from hacrl_megatron.algo import CapabilityTracker, positive_rate
+from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.trainer import stages
+from hacrl_megatron.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
+from hacrl_megatron.trainer.metrics import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Run:
+    """The live objects of one training run (built once by :func:`setup`)."""
+
+    exp: ExperimentConfig
+    runtimes: list
+    exchange: object
+    tracker: CapabilityTracker
+    verifier: object
+    task: object
+    eval_records: list
+    step: int = 0
+    history: dict[str, list[float]] = field(default_factory=dict)
+
+    @property
+    def names(self) -> list[str]:
+        return [rt.name for rt in self.runtimes]
+
+
+def _quiet_transformers() -> None:
+    """Silence per-call progress bars of weight loading/saving; our own bar shows progress."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
+def setup(exp: ExperimentConfig) -> Run:
+    from hacrl_megatron.data import make_task
+    from hacrl_megatron.exchange.retokenize import Exchange
+    from hacrl_megatron.reward.pool import VerifierPool
+    from hacrl_megatron.trainer.pretrain import apply_warmup
+    from hacrl_megatron.trainer.runtime import build_runtime
+
+    torch.manual_seed(exp.train.seed)
+    _quiet_transformers()
+    exp = apply_warmup(exp)
+    total_updates = exp.train.steps * exp.train.mini_batches
+    runtimes = [build_runtime(exp, i, total_updates) for i in range(len(exp.agents))]
+    r, h = exp.rollout, exp.hacpo
+    exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
+                        max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
+    tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
+                                ratio_max=h.omega_max)
+    verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
+                            mode=exp.train.verifier_mode)
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed)
+    return Run(exp, runtimes, exchange, tracker, verifier, task, task.eval_set(exp.data.eval_size))
+
+
+def train_step(run: Run) -> dict[str, float]:
+    """One HACRL step for every agent; returns namespaced metrics."""
+    exp, step, timings = run.exp, run.step, {}
+    clock = time.perf_counter()
+
+    def lap(name: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        timings[f"time/{name}_s"] = now - clock
+        clock = now
+
+    prompts = run.task.sample(exp.train.prompts_per_step, offset=step * exp.train.prompts_per_step)
+    completions = stages.rollout(run.runtimes, prompts, exp, step)
+    lap("rollout")
+    data = stages.verify(run.verifier, prompts, completions, step, exp.rollout.max_response_len + 1)
+    lap("verify")
+    stages.old_logprobs(run.runtimes, data, run.exchange, exp)
+    lap("old_logprob")
+    run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
+    omega = run.tracker.omega()
+    metrics = stages.reward_metrics(data, run.names)
+    loss_fn = stages.make_loss_fn(exp)
+    for rt in run.runtimes:
+        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
+        minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
+        if exp.hacpo.algorithm == "grpo":
+            minis = [stages.with_token_count(mb) for mb in minis]
+        per_update = rt.agent.train(minis, loss_fn, exp.rollout.temperature)
+        for key in per_update[0]:
+            metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
+        metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
+        for other in run.runtimes:
+            metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
+        metrics[f"{rt.name}/sequences"] = float(len(batch))
+    lap("train")
+    for rt in run.runtimes:
+        rt.sync_weights()
+        gen = rt.engine.stats()
+        metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
+    lap("sync")
+    metrics.update(run.exchange.stats.as_metrics())
+    run.exchange.stats.reset()  # per-step statistics
+    metrics.update(timings)
+    metrics["verifier/timeouts"] = float(run.verifier.stats["timeouts"])
+    metrics["verifier/errors"] = float(run.verifier.stats["errors"])
+    run.step += 1
+    return metrics
+
+
+def _checkpoint_dir(exp: ExperimentConfig) -> Path:
+    return Path(exp.checkpoint.dir or Path(exp.output_dir) / "checkpoints")
+
+
+def _save(run: Run) -> None:
+    state = {"tracker": run.tracker.state_dict(), "history": run.history, "data_position": run.step}
+    save_checkpoint(_checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
+
+
+def _resume(run: Run) -> bool:
+    path = latest_checkpoint(_checkpoint_dir(run.exp))
+    if path is None:
+        return False
+    state = load_checkpoint(path, run.runtimes)
+    run.tracker.load_state_dict(state["tracker"])
+    run.history = state["history"]
+    run.step = int(state["step"])
+    for rt in run.runtimes:
+        rt.sync_weights()
+    logger.info("resumed from %s at step %d", path, run.step)
+    return True
+
+
+def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
+    acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
+    for name, value in acc.items():
+        run.history.setdefault(name, []).append(value)
+    out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(f"{k}={v:.3f}" for k, v in acc.items()))
+    return {f"{name}/eval_accuracy": value for name, value in acc.items()}
+
+
+def train(exp: ExperimentConfig) -> Run:
+    """Run (or resume) a whole experiment; returns the finished :class:`Run`."""
+    run = setup(exp)
+    exp = run.exp
+    resumed = exp.checkpoint.resume and _resume(run)
+    out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step)
+    try:
+        if not resumed and exp.train.eval_every and exp.data.eval_size:
+            out.log(0, _evaluate(run, out), advance=False)
+        while run.step < exp.train.steps:
+            metrics = train_step(run)
+            if exp.train.eval_every and exp.data.eval_size and (
+                    run.step % exp.train.eval_every == 0 or run.step == exp.train.steps):
+                metrics.update(_evaluate(run, out))
+            summary = {n: metrics[f"{n}/reward_mean"] for n in run.names}
+            out.log(run.step, metrics, summary)
+            every = exp.checkpoint.every
+            if every and (run.step % every == 0 or run.step == exp.train.steps):
+                _save(run)
+        if run.history:
+            out.write(accuracy_table(run.history, exp))
+    finally:
+        out.close()
+        run.verifier.close()
+    return run

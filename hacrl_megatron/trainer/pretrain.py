@@ -1,0 +1,133 @@
+"""Supervised warm-up (`hacrl pretrain`): bring randomly initialised agents to partial competence.
+
+RL from a random policy never sees a reward on a verifiable task, so the CPU demo first trains
+each agent on correct answers (``task.sft_target``) until its greedy accuracy reaches
+``warmup_sft_target`` (calibration.md: a threshold, not a fixed step count, because a small
+model's accuracy jumps abruptly). The result is an HF checkpoint cached under
+``$HACRL_CACHE`` (default ``~/.cache/hacrl_megatron``)/warmup/<agent>-<hash of everything that
+shapes it>, so `hacrl train` reuses it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from hacrl_megatron.agents.batch import SequenceBatch
+from hacrl_megatron.config import AgentConfig, ExperimentConfig
+
+logger = logging.getLogger(__name__)
+
+EVAL_EVERY = 20  # warm-up updates between accuracy checks
+EVAL_ITEMS = 100
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("HACRL_CACHE", Path.home() / ".cache" / "hacrl_megatron"))
+
+
+def needs_warmup(exp: ExperimentConfig, agent: AgentConfig) -> bool:
+    return exp.train.sft_warmup and agent.init_checkpoint is None and agent.model.hf_path is None
+
+
+def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
+    """Cache folder of agent ``index``'s warm-up; the hash covers every input that shapes it."""
+    agent = exp.agents[index]
+    key = {
+        "agent": dataclasses.asdict(dataclasses.replace(agent, lr=0.0, init_checkpoint=None)),
+        "task": [exp.data.task, exp.data.difficulty, exp.data.seed],
+        "seed": exp.train.seed, "index": index, "max_response_len": exp.rollout.max_response_len,
+    }
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+    return cache_root() / "warmup" / f"{agent.name}-{digest}"
+
+
+def sft_loss(out, extras, m, num_sequences):
+    """−mean over sequences of the per-token mean log-likelihood of the target response."""
+    per_token = out.seq_logp_sum / out.seq_len
+    return -per_token.sum() / num_sequences, {"nll_per_token": float(-per_token.detach().mean())}
+
+
+def sft_batch(rt, task, records) -> SequenceBatch:
+    """Prompt (agent's template) + target answer + the agent's eos, one sequence per record."""
+    eos = rt.tokenizer.eos_token_id
+    seqs, prompt_lens = [], []
+    for rec in records:
+        prompt = rt.prompt_ids(rec.question)
+        answer = rt.tokenizer(task.sft_target(rec), add_special_tokens=False)["input_ids"]
+        seqs.append(torch.tensor(prompt + list(answer) + [eos], dtype=torch.long))
+        prompt_lens.append(len(prompt))
+    return SequenceBatch(tuple(seqs), torch.tensor(prompt_lens, dtype=torch.long))
+
+
+def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) -> dict:
+    """Train agent ``index`` by SFT until its greedy accuracy reaches the target; save HF weights."""
+    from hacrl_megatron.data import make_task
+    from hacrl_megatron.trainer.evaluation import evaluate_agents
+    from hacrl_megatron.trainer.runtime import build_runtime
+
+    agent = exp.agents[index]
+    sft_agent = dataclasses.replace(agent, lr=agent.warmup_sft_lr, init_checkpoint=None)
+    sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
+    rt = build_runtime(sft_exp, index, agent.warmup_sft_max_steps, agent_cfg=sft_agent)
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1)  # a stream apart from RL's
+    eval_records = task.eval_set(EVAL_ITEMS)
+    start, accuracy, step = time.time(), 0.0, 0
+    while step < agent.warmup_sft_max_steps:
+        batch = sft_batch(rt, task, task.sample(agent.warmup_sft_batch, offset=step * agent.warmup_sft_batch))
+        metrics = rt.agent.train([batch], sft_loss)[0]
+        step += 1
+        if step % EVAL_EVERY == 0 or step == agent.warmup_sft_max_steps:
+            rt.sync_weights()
+            accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
+            print(f"[warm-up {agent.name}] step {step}: nll/token {metrics['nll_per_token']:.3f}, "
+                  f"greedy accuracy {accuracy:.2f} (target {agent.warmup_sft_target})", flush=True)
+            if accuracy >= agent.warmup_sft_target:
+                break
+    info = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy, "seconds": time.time() - start}
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    rt.engine.model.save_pretrained(tmp)
+    rt.tokenizer.save_pretrained(tmp)
+    (tmp / "warmup.json").write_text(json.dumps(info, indent=2))
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    os.replace(tmp, out_dir)  # atomic: a crashed warm-up never leaves a half-written cache entry
+    return info
+
+
+def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
+    """Warm up every agent that needs it (cached unless ``force``); returns name → HF checkpoint dir."""
+    from hacrl_megatron.reward.pool import VerifierPool
+
+    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
+    out = {}
+    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode) as verifier:
+        for i, agent in enumerate(exp.agents):
+            if not needs_warmup(exp, agent):
+                continue
+            target = warmup_dir(exp, i)
+            if force or not (target / "warmup.json").exists():
+                target.parent.mkdir(parents=True, exist_ok=True)
+                info = warm_up_agent(exp, i, target, verifier)
+                print(f"[warm-up {agent.name}] done: {info['steps']} steps, accuracy {info['greedy_accuracy']:.2f}, "
+                      f"{info['seconds']:.0f} s → {target}", flush=True)
+            out[agent.name] = target
+    return out
+
+
+def apply_warmup(exp: ExperimentConfig) -> ExperimentConfig:
+    """``exp`` with every agent that needs a warm-up pointed at its (possibly new) cached checkpoint."""
+    if not exp.train.sft_warmup or not any(needs_warmup(exp, a) for a in exp.agents):
+        return exp
+    dirs = pretrain_all(exp)
+    agents = [dataclasses.replace(a, init_checkpoint=str(dirs[a.name])) if a.name in dirs else a for a in exp.agents]
+    return dataclasses.replace(exp, agents=agents)

@@ -1,0 +1,103 @@
+"""One agent's runtime pieces: tokenizer, trainer (AgentHandle), rollout engine, prompt template.
+
+Every agent starts from HF weights: a random init of its ``ModelConfig`` (seeded), an HF
+directory (``model.hf_path``; "smollm2" for the bundled SmolLM2-135M-Instruct) or a warm-up
+checkpoint (``init_checkpoint``). The same weights go into the trainer and into a separate copy
+inside the rollout engine, which from then on only changes through weight sync.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hacrl_megatron.config import AgentConfig, ExperimentConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class AgentRuntime:
+    index: int
+    cfg: AgentConfig
+    tokenizer: Any
+    agent: Any  # AgentHandle
+    engine: Any  # RolloutEngine
+    _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        return self.cfg.name
+
+    def prompt_ids(self, question: str) -> list[int]:
+        """This agent's templated prompt ids for ``question`` (spec §6: its own template)."""
+        if question not in self._prompt_cache:
+            from hacrl_megatron.data.prompts import format_prompt
+
+            text = format_prompt(question, self.tokenizer, template=self.cfg.prompt_template)
+            self._prompt_cache[question] = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return self._prompt_cache[question]
+
+    def sync_weights(self) -> int:
+        """Push the trainer's HF-named weights into the rollout engine (DESIGN: sync/)."""
+        return self.engine.load_weights(self.agent.export_hf_weights())
+
+
+def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> Any:
+    """The agent's starting HF model (fp32 on CPU): warm-up checkpoint, HF dir, or seeded random init."""
+    from transformers import AutoModelForCausalLM
+
+    source = cfg.init_checkpoint or cfg.model.hf_path
+    if source == "smollm2":
+        from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+
+        source = str(smollm2_hf_dir())
+    if source is not None:
+        if not Path(source).is_dir():
+            raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
+        if model.config.vocab_size < vocab_size:
+            raise ValueError(f"agent {cfg.name!r}: model vocab {model.config.vocab_size} < tokenizer vocab {vocab_size}")
+        return model
+    from hacrl_megatron.models.provider import hf_config_from_model_config
+
+    hf_config = hf_config_from_model_config(cfg.model, vocab_size=vocab_size)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+
+
+def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updates: int) -> Any:
+    """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights."""
+    t = exp.train
+    if cfg.backend == "hf":
+        from hacrl_megatron.agents.hf import HFAgent
+
+        return HFAgent(cfg.name, model, lr=cfg.lr, micro_batch_size=t.micro_batch_size, grad_clip=t.grad_clip,
+                       weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
+                       lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule, total_updates=total_updates)
+    from hacrl_megatron.agents.local import LocalAgent
+
+    return LocalAgent.from_hf_model(cfg, model, train=t, total_updates=total_updates)
+
+
+def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
+                  agent_cfg: AgentConfig | None = None) -> AgentRuntime:
+    """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
+    from hacrl_megatron.exchange.tokenizers import load_tokenizer
+    from hacrl_megatron.rollout.hf_engine import HFEngine
+
+    cfg = agent_cfg or exp.agents[index]
+    tokenizer = load_tokenizer(cfg.tokenizer)
+    model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
+    if exp.rollout.engine != "hf":
+        raise ValueError(f"rollout.engine={exp.rollout.engine!r}: the in-process trainer drives HF engines; "
+                         "SGLang engines are started by the cluster launcher (hacrl_megatron.rollout.sglang_engine)")
+    engine = HFEngine(copy.deepcopy(model), tokenizer)
+    agent = build_agent(cfg, model, exp, total_updates)
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine)

@@ -1,0 +1,198 @@
+"""The stages of one HACRL step, one function each (DESIGN.md data flow).
+
+rollout → verify → old log-probs → learner views + advantages → loss function. The loop in
+``loop.py`` calls them in order; each is testable alone.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.algo import (
+    broadcast_to_tokens,
+    capability_aware_advantages,
+    grpo_token_loss,
+    hacpo_loss,
+    sequence_log_ratio,
+)
+from hacrl_megatron.config import ExperimentConfig, HACPOConfig
+
+SHARED_ALGORITHMS = ("hacpo", "naive")
+
+
+def shares_rollouts(cfg: HACPOConfig) -> bool:
+    """HACPO and Naive learn from every agent's responses; GSPO, GSPO×2, GRPO from their own only."""
+    return cfg.algorithm in SHARED_ALGORITHMS
+
+
+def samples_per_prompt(exp: ExperimentConfig) -> int:
+    """G, doubled for the resource-equivalent GSPO×2 baseline (spec §8)."""
+    g = exp.rollout.samples_per_prompt
+    return 2 * g if exp.hacpo.algorithm == "gspo_x2" else g
+
+
+def step_seed(exp: ExperimentConfig, step: int, salt: int) -> int:
+    """A seed that depends only on (run seed, step, salt): resumed runs sample identically."""
+    return (exp.train.seed * 1_000_003 + step * 7919 + salt * 104_729) % (2**31 - 1)
+
+
+@dataclass
+class StepData:
+    """Everything sampled and scored in one step. ``trajectories[a]`` is agent a's, prompt-major [P·G]."""
+
+    prompts: list  # PromptRecord
+    trajectories: dict[str, list]  # Trajectory
+    rewards: torch.Tensor  # [P, n, G] float32, agents in config order
+    old_token_logps: dict[str, list[torch.Tensor]]  # GRPO only: per trajectory, source tokens
+
+
+def rollout(runtimes, prompts, exp: ExperimentConfig, step: int) -> dict[str, list[list]]:
+    """Every agent samples G responses per prompt with its pre-step weights: name → [P][G] Completion."""
+    from hacrl_megatron.rollout.types import SamplingParams
+
+    r = exp.rollout
+    out = {}
+    for rt in runtimes:
+        params = SamplingParams(n=samples_per_prompt(exp), temperature=r.temperature, top_p=r.top_p,
+                                max_new_tokens=r.max_response_len, seed=step_seed(exp, step, rt.index))
+        out[rt.name] = rt.engine.generate([rt.prompt_ids(p.question) for p in prompts], params)
+    return out
+
+
+def verify(verifier, prompts, completions: dict[str, list[list]], step: int, max_response_len: int) -> StepData:
+    """Score every response once with the shared verifier; the reward is shared by all learners."""
+    from hacrl_megatron.exchange.records import Trajectory
+    from hacrl_megatron.reward.verify import RewardRequest
+
+    names = list(completions)
+    requests = [RewardRequest(p.kind, c.text, p.answer)
+                for name in names for p, group in zip(prompts, completions[name]) for c in group]
+    scores = verifier.score(requests)
+    g = len(completions[names[0]][0]) if prompts else 0
+    rewards = torch.tensor(scores, dtype=torch.float32).view(len(names), len(prompts), g).transpose(0, 1)
+    trajectories, cursor = {}, iter(scores)
+    for name in names:
+        trajectories[name] = [
+            Trajectory.from_completion(c, prompt_id=p.id, source=name, prompt_text=p.question, reward=next(cursor),
+                                       policy_version=step, max_response_len=max_response_len)
+            for p, group in zip(prompts, completions[name]) for c in group
+        ]
+    return StepData(prompts=prompts, trajectories=trajectories, rewards=rewards.contiguous(), old_token_logps={})
+
+
+def views_to_batch(views, extras: dict[str, torch.Tensor]) -> SequenceBatch:
+    return SequenceBatch(
+        input_ids=tuple(torch.tensor(v.input_ids, dtype=torch.long) for v in views),
+        prompt_lens=torch.tensor([v.prompt_len for v in views], dtype=torch.long),
+        extras=extras,
+    )
+
+
+def prompt_id_map(rt, prompts) -> dict[str, list[int]]:
+    return {p.id: rt.prompt_ids(p.question) for p in prompts}
+
+
+def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> None:
+    """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (spec §3).
+
+    Runs before any update of the step, at the rollout temperature. GRPO also keeps the per-token
+    values. Mutates ``data`` in place (trajectories are frozen: they are replaced).
+    """
+    for rt in runtimes:
+        trajs = data.trajectories[rt.name]
+        views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
+        batch = views_to_batch(views, {})
+        if exp.hacpo.algorithm == "grpo":
+            out = rt.agent.token_logprobs(batch, exp.rollout.temperature)
+            data.old_token_logps[rt.name] = [out.token_logps[out.cu_seqlens[i]:out.cu_seqlens[i + 1]]
+                                             for i in range(len(views))]
+            sums, lens = out.seq_logp_sum, out.seq_len
+        else:
+            sums, lens = rt.agent.sequence_logprobs(batch, exp.rollout.temperature)
+        data.trajectories[rt.name] = [t.with_logp(float(s), int(n)) for t, s, n in zip(trajs, sums, lens)]
+
+
+def learner_batch(rt, runtimes, data: StepData, exchange, omega: torch.Tensor, exp: ExperimentConfig) -> SequenceBatch:
+    """Learner k's step batch: own responses (+ every other agent's when sharing) with per-sequence
+    advantages (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11)."""
+    h = exp.hacpo
+    sources = [r for r in runtimes if shares_rollouts(h) or r.index == rt.index]
+    if shares_rollouts(h):
+        rewards, learner_pos, omega_used = data.rewards, rt.index, omega
+    else:
+        rewards = data.rewards[:, rt.index: rt.index + 1]
+        learner_pos, omega_used = 0, torch.ones(1, 1, dtype=torch.float64)
+    adv = capability_aware_advantages(
+        rewards, learner_pos, omega_used,
+        capability_aware=h.capability_aware_advantage and h.algorithm != "naive",
+        uniform_guard=h.uniform_guard, baseline_guard=h.baseline_guard, max_reward=h.max_reward,
+    )
+    trajs, per_seq = [], {"advantages": [], "is_self": [], "discrepancy": [], "source_logp_sum": [], "source_len": []}
+    old_tokens = []
+    for pos, src in enumerate(sources):
+        src_trajs = data.trajectories[src.name]
+        src_adv = adv[:, pos, :].reshape(-1)
+        trajs.extend(src_trajs)
+        per_seq["advantages"].append(src_adv.float())
+        per_seq["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
+        per_seq["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
+        per_seq["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
+        per_seq["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
+        old_tokens.extend(data.old_token_logps.get(src.name, []))
+    views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
+    extras = {k: torch.cat(v) for k, v in per_seq.items()}
+    if old_tokens:
+        extras["old_token_logp"] = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True)
+    keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
+    views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
+    return views_to_batch(views, {k: v[keep] for k, v in extras.items()})
+
+
+def split_mini_batches(batch: SequenceBatch, num: int, seed: int) -> list[SequenceBatch]:
+    """Shuffle the learner's step batch and split it into ``num`` near-equal mini-batches (spec §7)."""
+    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
+    return [batch.select(chunk) for chunk in torch.tensor_split(order, num) if chunk.numel()]
+
+
+def make_loss_fn(exp: ExperimentConfig) -> LossFn:
+    """The learner's LossFn: HACPO / GSPO / Naive sequence objective, or GRPO's token objective."""
+    h = exp.hacpo
+
+    def sequence_loss(out: LogProbOutput, extras: dict[str, torch.Tensor], m: int, num_sequences: int):
+        log_ratio = sequence_log_ratio(out.seq_logp_sum, out.seq_len, extras["source_logp_sum"],
+                                       extras["source_len"], h.max_abs_log_ratio)
+        return hacpo_loss(log_ratio, extras["advantages"], extras["is_self"], extras["discrepancy"], m, h,
+                          num_sequences=num_sequences)
+
+    def grpo_loss(out: LogProbOutput, extras: dict[str, torch.Tensor], m: int, num_sequences: int):
+        old = torch.cat([extras["old_token_logp"][i, :n] for i, n in enumerate(out.seq_len.tolist())])
+        token_adv = broadcast_to_tokens(extras["advantages"], out.cu_seqlens)
+        num_tokens = int(extras["mini_batch_tokens"][0]) if "mini_batch_tokens" in extras else None
+        return grpo_token_loss(out.token_logps, old, token_adv, clip_low=h.grpo_clip_low,
+                               clip_high=h.grpo_clip_high, num_tokens=num_tokens)
+
+    return grpo_loss if h.algorithm == "grpo" else sequence_loss
+
+
+def with_token_count(mini: SequenceBatch) -> SequenceBatch:
+    """Attach the mini-batch's response-token count to every sequence (GRPO's global normaliser)."""
+    total = int(mini.response_lens.sum())
+    extras = dict(mini.extras, mini_batch_tokens=torch.full((len(mini),), total, dtype=torch.long))
+    return SequenceBatch(mini.input_ids, mini.prompt_lens, extras)
+
+
+def reward_metrics(data: StepData, names: list[str]) -> dict[str, float]:
+    out = {}
+    for i, name in enumerate(names):
+        r = data.rewards[:, i]
+        trajs = data.trajectories[name]
+        out[f"{name}/reward_mean"] = float(r.mean()) if r.numel() else 0.0
+        out[f"{name}/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / max(len(trajs), 1)
+        out[f"{name}/response_tokens_mean"] = sum(len(t.token_ids) for t in trajs) / max(len(trajs), 1)
+        logps = [t.source_logp_sum / t.source_len for t in trajs if t.source_len > 0 and not math.isnan(t.source_logp_sum)]
+        out[f"{name}/old_logp_per_token"] = sum(logps) / max(len(logps), 1)
+    return out
