@@ -7,7 +7,8 @@ Nothing downloads: each dataset is read from a local jsonl/json/parquet file thr
 2. else ``$HACRL_DATA_DIR/<name>/``: ``<split>.jsonl``, ``<split>.json``, ``<split>.parquet``,
    ``<split>-*.parquet`` or ``data/<split>-*.parquet`` (the HF hub layout), or the only data file there.
 
-Schemas (the columns of the public releases; all records get ``kind="math"``):
+Schemas (the columns of the public releases; all records get ``kind="math"``; ids are
+``<name>-<dataset id>``, or ``<name>-<split>-<row>`` where the dataset has none):
 
 | name | default split | question | reference answer | id |
 |---|---|---|---|---|
@@ -211,7 +212,7 @@ def load_benchmark_rows(
         if not answer or not str(question).strip():
             skipped += 1
             continue
-        rec_id = str(rid) if rid not in (None, "") else f"{name}-{split}-{i}"
+        rec_id = f"{name}-{rid}" if rid not in (None, "") else f"{name}-{split}-{i}"
         out.append((PromptRecord(rec_id, str(question), answer, name, "math"), solution))
     if skipped:
         logger.warning("%s: skipped %d rows without a question or a reference answer", name, skipped)

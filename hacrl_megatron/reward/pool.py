@@ -175,7 +175,8 @@ class VerifierPool:
             except (OSError, ValueError):
                 pass
         for w in self._workers:
-            w.process.join(timeout=2)
+            if w.ready:  # a worker still importing would not read the stop message soon
+                w.process.join(timeout=0.5)
             w.kill()
         self._workers = []
 
