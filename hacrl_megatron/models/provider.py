@@ -1,0 +1,314 @@
+"""HF config → megatron-core ``GPTModel`` for the dense decoder families HACRL trains.
+
+One path: :func:`arch_from_hf` reads an HF ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config`` into
+an :class:`ArchSpec`; our :class:`hacrl_megatron.config.ModelConfig` first becomes an HF config
+(:func:`hf_config_from_model_config`) and then takes the same path. :func:`build_gpt_model` makes
+the Megatron model for one pipeline stage of one tensor-parallel rank.
+
+Family differences handled here (everything else is shared: RMSNorm, SwiGLU, RoPE, GQA):
+
+* qwen2: bias on the fused QKV projection (``add_qkv_bias``);
+* qwen3: per-head RMSNorm on queries and keys (``qk_layernorm``), explicit ``head_dim``;
+* llama: optional llama3 RoPE scaling (Llama-3.x checkpoints).
+
+Layer spec: Transformer Engine's when TE imports and CUDA is present, else megatron-core's local
+spec (the only one that runs on CPU, feasibility.md §4).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class UnsupportedModelError(ValueError):
+    """The HF checkpoint or config uses a feature this provider cannot map to Megatron."""
+
+
+class ParallelLayoutError(ValueError):
+    """The requested TP/PP layout does not fit the model (heads, KV heads or layers)."""
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """Everything the provider and the weight converter need to know about one model.
+
+    Sizes are in elements; ``vocab_size`` is the HF vocabulary (rows of ``embed_tokens``).
+    """
+
+    arch: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    ffn_hidden_size: int
+    vocab_size: int
+    max_position_embeddings: int
+    rope_theta: float
+    rms_norm_eps: float
+    tie_embeddings: bool
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    rope_scaling_factor: float | None = None  # llama3-style RoPE scaling, None = off
+    dtype: str = "float32"
+    hf_architecture: str = field(default="", compare=False)
+
+    def padded_vocab_size(self, tp: int, divisible_by: int = 1) -> int:
+        """Rows of Megatron's (vocab-parallel) embedding: the HF vocab rounded up to a multiple of
+        ``divisible_by * tp`` (Megatron's ``make_vocab_size_divisible_by``). The default 1 pads only
+        when ``tp`` does not divide the vocab, so logits equal HF's without masking in most cases.
+        """
+        multiple = divisible_by * tp
+        return int(math.ceil(self.vocab_size / multiple) * multiple)
+
+    def num_parameters(self) -> int:
+        """Parameter count as HF reports it (unpadded vocab; tied embeddings counted once)."""
+        h, d, f = self.hidden_size, self.head_dim, self.ffn_hidden_size
+        q, kv = self.num_heads * d, self.num_kv_heads * d
+        layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f
+        layer += (q + 2 * kv) if self.qkv_bias else 0
+        layer += 2 * d if self.qk_norm else 0
+        embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
+        return embed + h + self.num_layers * layer
+
+
+# --------------------------------------------------------------------------------------------
+# HF config ↔ ArchSpec
+
+
+def _rope_params(cfg: Any) -> dict[str, Any]:
+    params = getattr(cfg, "rope_parameters", None)  # transformers >= 5
+    if params is None:
+        params = dict(getattr(cfg, "rope_scaling", None) or {})
+        params.setdefault("rope_theta", getattr(cfg, "rope_theta", 10000.0))
+    return dict(params)
+
+
+def _llama3_factor(cfg: Any, rope: dict[str, Any]) -> float | None:
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind in (None, "default"):
+        return None
+    if kind != "llama3":
+        raise UnsupportedModelError(f"rope_type={kind!r} is not supported (only 'default' and 'llama3')")
+    # megatron-core hard-codes low=1, high=4, original=8192 (RotaryEmbedding._apply_scaling)
+    expected = {"low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
+    for key, value in expected.items():
+        if float(rope.get(key, value)) != value:
+            raise UnsupportedModelError(f"llama3 RoPE {key}={rope.get(key)} is not supported (megatron-core fixes {value})")
+    return float(rope["factor"])
+
+
+def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
+    """Read an HF ``PretrainedConfig`` (llama / qwen2 / qwen3) into an :class:`ArchSpec`."""
+    model_type = getattr(cfg, "model_type", None)
+    if model_type not in ARCH_BY_MODEL_TYPE:
+        archs = getattr(cfg, "architectures", None)
+        raise UnsupportedModelError(
+            f"model_type={model_type!r} (architectures={archs}) is not supported; supported: {sorted(ARCH_BY_MODEL_TYPE)}"
+        )
+    arch = ARCH_BY_MODEL_TYPE[model_type]
+    if getattr(cfg, "mlp_bias", False):
+        raise UnsupportedModelError(f"{model_type}: mlp_bias=True is not supported")
+    if arch == "llama" and getattr(cfg, "attention_bias", False):
+        raise UnsupportedModelError("llama: attention_bias=True (bias on o_proj too) is not supported")
+    if arch == "qwen3" and getattr(cfg, "attention_bias", False):
+        raise UnsupportedModelError("qwen3: attention_bias=True is not supported")
+    if getattr(cfg, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(f"{model_type}: hidden_act={cfg.hidden_act!r} is not supported (SwiGLU needs 'silu')")
+    if getattr(cfg, "use_sliding_window", False):
+        raise UnsupportedModelError(f"{model_type}: use_sliding_window=True is not supported")
+    rope = _rope_params(cfg)
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    torch_dtype = dtype or _dtype_name(getattr(cfg, "dtype", None))
+    return ArchSpec(
+        arch=arch,
+        hidden_size=cfg.hidden_size,
+        num_layers=cfg.num_hidden_layers,
+        num_heads=heads,
+        num_kv_heads=getattr(cfg, "num_key_value_heads", None) or heads,
+        head_dim=head_dim,
+        ffn_hidden_size=cfg.intermediate_size,
+        vocab_size=cfg.vocab_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=float(rope.get("rope_theta", 10000.0)),
+        rms_norm_eps=float(cfg.rms_norm_eps),
+        tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
+        qkv_bias=arch == "qwen2",
+        qk_norm=arch == "qwen3",
+        rope_scaling_factor=_llama3_factor(cfg, rope) if arch == "llama" else None,
+        dtype=torch_dtype,
+        hf_architecture=(getattr(cfg, "architectures", None) or [""])[0],
+    )
+
+
+def _dtype_name(value: Any) -> str:
+    if value is None:
+        return "float32"
+    name = str(value).replace("torch.", "")
+    return name if name in DTYPES else "float32"
+
+
+def hf_config_from_model_config(model: Any, vocab_size: int | None = None) -> Any:
+    """Our ``ModelConfig`` (arch + sizes) → the matching transformers config object."""
+    import transformers
+
+    vocab = vocab_size if vocab_size is not None else model.vocab_size
+    if vocab is None:
+        raise ValueError("model.vocab_size is None and no tokenizer vocab_size was given")
+    classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
+    if model.arch not in classes:
+        raise UnsupportedModelError(f"model.arch={model.arch!r} is not supported; supported: {sorted(classes)}")
+    kwargs: dict[str, Any] = dict(
+        vocab_size=int(vocab),
+        hidden_size=model.hidden_size,
+        intermediate_size=model.ffn_hidden_size,
+        num_hidden_layers=model.num_layers,
+        num_attention_heads=model.num_heads,
+        num_key_value_heads=model.num_kv_heads,
+        max_position_embeddings=model.max_position_embeddings,
+        rms_norm_eps=model.rms_norm_eps,
+        tie_word_embeddings=model.tie_embeddings,
+        rope_theta=model.rope_theta,
+        hidden_act="silu",
+    )
+    if model.arch == "qwen3":
+        kwargs["head_dim"] = model.hidden_size // model.num_heads
+    cfg = getattr(transformers, classes[model.arch])(**kwargs)
+    cfg.architectures = [classes[model.arch].replace("Config", "ForCausalLM")]
+    cfg.dtype = model.dtype
+    return cfg
+
+
+def arch_from_model_config(model: Any, vocab_size: int | None = None) -> ArchSpec:
+    """Our ``ModelConfig`` → :class:`ArchSpec` (via the HF config, so both inputs share one path)."""
+    return arch_from_hf(hf_config_from_model_config(model, vocab_size), dtype=model.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# layout checks and the Megatron model
+
+
+def validate_layout(spec: ArchSpec, tp: int, pp: int) -> None:
+    """Raise :class:`ParallelLayoutError` naming the rule when TP/PP do not fit ``spec``."""
+    if tp < 1 or pp < 1:
+        raise ParallelLayoutError(f"tp={tp}, pp={pp}: sizes must be >= 1")
+    if spec.num_heads % tp:
+        raise ParallelLayoutError(f"tp={tp} does not divide num_attention_heads={spec.num_heads} ({spec.arch})")
+    if spec.num_kv_heads % tp:
+        raise ParallelLayoutError(f"tp={tp} does not divide num_key_value_heads={spec.num_kv_heads} ({spec.arch})")
+    if spec.ffn_hidden_size % tp:
+        raise ParallelLayoutError(f"tp={tp} does not divide intermediate_size={spec.ffn_hidden_size}")
+    if spec.num_layers % pp:
+        raise ParallelLayoutError(f"pp={pp} does not divide num_hidden_layers={spec.num_layers}")
+
+
+def use_transformer_engine() -> bool:
+    """TE layer spec only with CUDA and an importable transformer_engine (never on CPU)."""
+    if not torch.cuda.is_available():
+        return False
+    try:
+        import transformer_engine  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False) -> Any:
+    """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp``."""
+    import torch.nn.functional as F
+    from megatron.core.transformer import TransformerConfig
+
+    validate_layout(spec, tp, pp)
+    dtype = DTYPES[spec.dtype]
+    return TransformerConfig(
+        num_layers=spec.num_layers,
+        hidden_size=spec.hidden_size,
+        num_attention_heads=spec.num_heads,
+        num_query_groups=spec.num_kv_heads,
+        kv_channels=spec.head_dim,
+        ffn_hidden_size=spec.ffn_hidden_size,
+        normalization="RMSNorm",
+        layernorm_epsilon=spec.rms_norm_eps,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        add_bias_linear=False,
+        add_qkv_bias=spec.qkv_bias,
+        qk_layernorm=spec.qk_norm,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        sequence_parallel=sequence_parallel,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=dtype == torch.bfloat16,
+        fp16=dtype == torch.float16,
+        use_cpu_initialization=not torch.cuda.is_available(),
+        # the fusions are CUDA kernels or torch.compile'd; they change nothing numerically that we need
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        attention_softmax_in_fp32=True,
+        calculate_per_token_loss=True,  # sum micro-batch losses, no DP averaging (agents/local.py)
+        variable_seq_lengths=True,  # PP: micro-batches are padded per batch, not to a fixed length
+        moe_token_dispatcher_type="alltoall",  # mcore's check for variable_seq_lengths (no MoE here)
+    )
+
+
+def layer_spec(spec: ArchSpec, te: bool | None = None) -> Any:
+    """Transformer-Engine spec when available (GPU), else the local spec (CPU)."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if te if te is not None else use_transformer_engine():
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
+    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+
+
+def build_gpt_model(
+    spec: ArchSpec,
+    tp: int = 1,
+    pp: int = 1,
+    *,
+    sequence_parallel: bool = False,
+    vocab_divisible_by: int = 1,
+    te: bool | None = None,
+) -> Any:
+    """The ``GPTModel`` of this rank's pipeline stage (needs :func:`init_parallel` first).
+
+    Output: the model returns vocab-parallel logits ``[B, T, V_padded / tp]`` on the last stage and
+    hidden states ``[T, B, H]`` on the others (megatron-core convention).
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.models.gpt import GPTModel
+
+    config = transformer_config(spec, tp, pp, sequence_parallel)
+    kwargs: dict[str, Any] = {}
+    if spec.rope_scaling_factor is not None:
+        kwargs.update(rope_scaling=True, rope_scaling_factor=spec.rope_scaling_factor)
+    model = GPTModel(
+        config=config,
+        transformer_layer_spec=layer_spec(spec, te),
+        vocab_size=spec.padded_vocab_size(tp, vocab_divisible_by),
+        max_sequence_length=spec.max_position_embeddings,
+        pre_process=mpu.is_pipeline_first_stage(),
+        post_process=mpu.is_pipeline_last_stage(),
+        share_embeddings_and_output_weights=spec.tie_embeddings,
+        position_embedding_type="rope",
+        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+        parallel_output=True,
+        **kwargs,
+    )
+    if torch.cuda.is_available():
+        model.cuda(torch.cuda.current_device())
+    return model

@@ -1,0 +1,133 @@
+"""Shared fixtures for the Megatron model/agent tests: tiny HF models, HF references, 2-rank worlds.
+
+Tiny models (hidden 32, 2 layers, 4 heads, 2 KV heads, vocab 97) are saved with ``save_pretrained``
+so the tests exercise the safetensors reader. The vocabulary 97 is odd on purpose: at TP = 2 it
+forces Megatron vocab padding (98 rows), which the converter and the log-prob code must hide.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+VOCAB = 97
+ARCHS = ("llama", "qwen2", "qwen3")
+
+
+def tiny_hf_config(arch: str, vocab: int = VOCAB, layers: int = 2, tie: bool | None = None) -> Any:
+    import transformers
+
+    cls = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[arch]
+    kw: dict[str, Any] = dict(
+        vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=64, rms_norm_eps=1e-6, rope_theta=5000.0,
+        tie_word_embeddings=(arch != "qwen2") if tie is None else tie,
+    )
+    if arch == "qwen3":
+        kw["head_dim"] = 8
+    cfg = getattr(transformers, cls)(**kw)
+    cfg.architectures = [cls.replace("Config", "ForCausalLM")]
+    return cfg
+
+
+def make_tiny_hf(arch: str, out_dir: str, seed: int = 0, **cfg_kw: Any) -> Any:
+    """A random tiny HF model (norm weights and biases perturbed so that every tensor matters), saved."""
+    import transformers
+
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(tiny_hf_config(arch, **cfg_kw), dtype=torch.float32)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+            elif name.endswith("bias"):
+                p.normal_(0.0, 0.1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model.save_pretrained(out_dir)
+    return model.eval()
+
+
+def sample_batch(seed: int = 1, lens: tuple[int, ...] = (7, 5, 9, 6), prompts: tuple[int, ...] = (3, 2, 4, 1)) -> Any:
+    from hacrl_megatron.agents.batch import SequenceBatch
+
+    g = torch.Generator().manual_seed(seed)
+    ids = tuple(torch.randint(0, VOCAB, (n,), generator=g) for n in lens)
+    return SequenceBatch(input_ids=ids, prompt_lens=torch.tensor(prompts),
+                         extras={"w": torch.linspace(0.5, 1.5, len(lens))})
+
+
+def hf_seq_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> torch.Tensor:
+    """[S] Σ log π of the response tokens under an HF model (the reference)."""
+    out = []
+    for ids, p in zip(batch.input_ids, batch.prompt_lens.tolist()):
+        logits = model(ids.unsqueeze(0)).logits[0].float() / temperature
+        lp = torch.log_softmax(logits, -1)[p - 1 : -1].gather(1, ids[p:].unsqueeze(1)).sum()
+        out.append(lp)
+    return torch.stack(out)
+
+
+def sft_loss(lp: Any, extras: dict[str, torch.Tensor], m: int, n: int) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted per-token-mean NLL, normalised by the global sequence count n (a LossFn)."""
+    per_seq = lp.seq_logp_sum / lp.seq_len.to(lp.seq_logp_sum.dtype)
+    loss = -(extras["w"] * per_seq).sum() / n
+    return loss, {"mean_logp": float(per_seq.mean()), "m": float(m)}
+
+
+def hf_reference_step(model: Any, batch: Any, lr: float, grad_clip: float = 1.0) -> tuple[dict[str, torch.Tensor], float]:
+    """One AdamW step of ``sft_loss`` on an HF model: (new state dict, pre-clip grad norm)."""
+    model.zero_grad()
+    per_seq = hf_seq_logprobs(model, batch) / batch.response_lens.float()
+    loss = -(batch.extras["w"] * per_seq).sum() / len(batch)
+    loss.backward()
+    # megatron counts a tied embedding once; so does parameters() (lm_head is the same tensor)
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0)
+    opt.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(norm)
+
+
+def agent_config(arch: str, hf_dir: str | None = None, tp: int = 1, pp: int = 1, dp: int = 1,
+                 lr: float = 1e-3, dist_opt: bool = False, name: str = "a") -> Any:
+    from hacrl_megatron.config import AgentConfig, ModelConfig, ParallelConfig
+
+    return AgentConfig(name=name, model=ModelConfig(arch=arch, hf_path=hf_dir), lr=lr,
+                       parallel=ParallelConfig(tp=tp, pp=pp, dp=dp, use_distributed_optimizer=dist_opt))
+
+
+def train_config(micro_batch_size: int = 2, **kw: Any) -> Any:
+    from hacrl_megatron.config import TrainConfig
+
+    return TrainConfig(micro_batch_size=micro_batch_size, **kw)
+
+
+# --------------------------------------------------------------------------------------------
+# 2-process gloo worlds
+
+
+def _worker(rank: int, world: int, port: int, fn: Callable[..., dict], args: tuple, out_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    result = fn(rank, *args)
+    if rank == 0:
+        with open(out_path, "w") as f:
+            json.dump(result, f)
+
+
+def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) -> dict:
+    """Run ``fn(rank, *args)`` in ``world`` spawned gloo processes; return rank 0's JSON result."""
+    import torch.multiprocessing as mp
+
+    from hacrl_megatron.models.parallel import free_port
+
+    out_path = os.path.join(tmp_dir, f"result_{fn.__name__}.json")
+    mp.spawn(_worker, args=(world, free_port(), fn, args, out_path), nprocs=world, join=True)
+    with open(out_path) as f:
+        return json.load(f)
