@@ -13,7 +13,6 @@ responses are never handed to sympy.
 
 from __future__ import annotations
 
-import math
 import re
 import threading
 
@@ -73,12 +72,12 @@ def math_verify_equal(response: str, reference: str, timeout_s: float = 5.0) -> 
     """math-verify's verdict on ``response`` (full text; last boxed answer preferred) vs ``reference``.
 
     The reference is read as LaTeX inside ``\\boxed{}``. ``timeout_s`` is math-verify's own limit per
-    parse/verify call (whole seconds, at least 1), active only in a main thread.
+    parse/verify call (whole seconds, rounded down, at least 1), active only in a main thread.
     """
     mv = _import_math_verify()
     from math_verify import ExprExtractionConfig, LatexExtractionConfig
 
-    limit = max(1, math.ceil(timeout_s)) if threading.current_thread() is threading.main_thread() else None
+    limit = max(1, int(timeout_s)) if threading.current_thread() is threading.main_thread() else None
     gold = mv.parse(
         "\\boxed{" + reference + "}",
         extraction_config=[LatexExtractionConfig(), ExprExtractionConfig()],

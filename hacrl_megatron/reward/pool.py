@@ -51,11 +51,17 @@ def _warm_up(mode: str) -> None:
         math_verify_equal("\\boxed{1}", "1")
 
 
-def _score_one(request: RewardRequest, mode: str, score_fn: ScoreFn | None) -> tuple[float, str | None, str]:
-    """(score, event, error message) for one request; never raises."""
+def _score_one(
+    request: RewardRequest, mode: str, score_fn: ScoreFn | None, timeout_s: float
+) -> tuple[float, str | None, str]:
+    """(score, event, error message) for one request; never raises.
+
+    math-verify gets a third of the item budget per call (it makes up to three), so its own
+    graceful timeout usually fires before the pool has to kill and respawn the worker.
+    """
     try:
         if score_fn is None:
-            value, event = score_request_with_event(request, mode)
+            value, event = score_request_with_event(request, mode, math_verify_timeout_s=timeout_s / 3)
         else:
             value, event = float(score_fn(request, mode)), None
         if not (math.isfinite(value) and 0.0 <= value <= 1.0):
@@ -65,7 +71,7 @@ def _score_one(request: RewardRequest, mode: str, score_fn: ScoreFn | None) -> t
         return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _worker_main(conn, mode: str, score_fn: ScoreFn | None) -> None:
+def _worker_main(conn, mode: str, score_fn: ScoreFn | None, timeout_s: float) -> None:
     """Worker loop: receive (index, request), send (index, score, event, error); None stops it."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
     _warm_up(mode)
@@ -78,15 +84,15 @@ def _worker_main(conn, mode: str, score_fn: ScoreFn | None) -> None:
         if msg is None:
             return
         index, request = msg
-        conn.send((index, *_score_one(request, mode, score_fn)))
+        conn.send((index, *_score_one(request, mode, score_fn, timeout_s)))
 
 
 class _Worker:
     """Controller-side handle of one worker process."""
 
-    def __init__(self, ctx, mode: str, score_fn: ScoreFn | None) -> None:
+    def __init__(self, ctx, mode: str, score_fn: ScoreFn | None, timeout_s: float) -> None:
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_fn), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_fn, timeout_s), daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -161,7 +167,7 @@ class VerifierPool:
             if not isinstance(r, RewardRequest):
                 raise TypeError(f"requests[{i}] must be a RewardRequest, got {type(r).__name__}")
         if self.num_workers == 0:
-            return [self._record(*_score_one(r, self.mode, self._score_fn)) for r in requests]
+            return [self._record(*_score_one(r, self.mode, self._score_fn, self.timeout_s)) for r in requests]
         return self._score_in_workers(requests)
 
     def close(self) -> None:
@@ -194,7 +200,7 @@ class VerifierPool:
 
     # -- internals ----------------------------------------------------------------------------
     def _new_worker(self) -> _Worker:
-        return _Worker(self._ctx, self.mode, self._score_fn)
+        return _Worker(self._ctx, self.mode, self._score_fn, self.timeout_s)
 
     def _record(self, value: float, event: str | None, error: str) -> float:
         if event == "error":

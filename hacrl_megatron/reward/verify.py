@@ -73,9 +73,12 @@ def check_integer(response: str, reference: str) -> float:
     return 1.0 if is_equiv(answer, reference) else 0.0
 
 
-def score_request_with_event(request: RewardRequest, mode: str = "math") -> tuple[float, str | None]:
+def score_request_with_event(
+    request: RewardRequest, mode: str = "math", math_verify_timeout_s: float = 5.0
+) -> tuple[float, str | None]:
     """Score one request; also return ``"guarded"`` when a safety screen changed how it was scored.
 
+    ``math_verify_timeout_s`` is math-verify's own limit per parse/verify call (main thread only).
     Raises PathologicalInputError for responses over ``MAX_RESPONSE_CHARS``.
     """
     if mode not in MODES:
@@ -100,7 +103,7 @@ def score_request_with_event(request: RewardRequest, mode: str = "math") -> tupl
     ):
         return exact, "guarded"
     text = "\\boxed{" + boxed + "}" if boxed is not None else request.response
-    return (1.0 if math_verify_equal(text, request.reference) else 0.0), None
+    return (1.0 if math_verify_equal(text, request.reference, math_verify_timeout_s) else 0.0), None
 
 
 def score_request(request: RewardRequest, mode: str = "math") -> float:
