@@ -119,15 +119,16 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
                   update_index: int, cfg: HACPOConfig) -> dict[str, float]:
     """Ratio statistics and clip fractions of one (micro-)batch; empty groups report 0.
 
-    self_clipfrac: share of self sequences whose clipped GSPO branch is active (zero gradient).
-    cross_clipfrac: share of cross sequences with A ≠ 0 whose ratio lies outside [lb_m, 1].
+    Ratio statistics and counts are split by source (self vs cross). self_clipfrac: share of the
+    sequences under GSPO's clip (self ones; all for naive/gspo) whose clipped branch is active
+    (zero gradient). cross_clipfrac: share of sequences under the cross window with A ≠ 0 whose
+    ratio lies outside [lb_m, 1].
     """
     with torch.no_grad():
         ratio = torch.exp(log_ratio.detach().double())
         adv = advantages.detach().double()
         own = is_self.bool()
-        if cfg.algorithm in ("naive", "gspo", "gspo_x2"):
-            own = torch.ones_like(own)
+        gspo_clipped = torch.ones_like(own) if cfg.algorithm in ("naive", "gspo", "gspo_x2") else own
         low, high = cross_window(update_index, cfg)
         if not cfg.cross_clip:
             low, high = float("-inf"), float("inf")
@@ -136,8 +137,8 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
         metrics = {
             **_stats(ratio[own], "self_ratio"),
             **_stats(ratio[~own], "cross_ratio"),
-            "self_clipfrac": _fraction(self_clipped, own),
-            "cross_clipfrac": _fraction(cross_clipped, ~own & (adv != 0)),
+            "self_clipfrac": _fraction(self_clipped, gspo_clipped),
+            "cross_clipfrac": _fraction(cross_clipped, ~gspo_clipped & (adv != 0)),
             "cross_lower_bound": low if cfg.cross_clip else 0.0,
             "adv_abs_mean": float(adv.abs().mean()) if adv.numel() else 0.0,
             "num_self": float(own.sum()),

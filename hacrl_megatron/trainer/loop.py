@@ -17,6 +17,7 @@ import torch
 
 from hacrl_megatron.algo import CapabilityTracker, positive_rate
 from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
@@ -110,8 +111,12 @@ def train_step(run: Run) -> dict[str, float]:
             metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
         metrics[f"{rt.name}/sequences"] = float(len(batch))
     lap("train")
+    probe = prompts[0]
     for rt in run.runtimes:
         rt.sync_weights()
+        response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
+        metrics[f"{rt.name}/sync_logp_diff"] = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question),
+                                                          response, exp.rollout.temperature)
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
     lap("sync")

@@ -45,7 +45,9 @@ class AgentRuntime:
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (DESIGN: sync/)."""
-        return self.engine.load_weights(self.agent.export_hf_weights())
+        from hacrl_megatron.sync import sync_weights
+
+        return sync_weights(self.agent, self.engine)
 
 
 def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> Any:

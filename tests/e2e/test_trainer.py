@@ -1,0 +1,137 @@
+"""End-to-end HACRL loop on tiny agents (a few steps each).
+
+A random tiny model almost never solves addition, so these tests use a *parity* verifier (reward 1
+when the response has an even number of characters) through VerifierPool's ``score_fn`` hook: it
+gives every group non-uniform rewards, hence non-zero advantages and real gradients, while the
+rest of the loop (rollout, exchange, ratios, updates, sync, checkpoints) is the real one.
+"""
+
+import dataclasses
+import json
+
+import pytest
+import torch
+
+from hacrl_megatron.config import ExperimentConfig, from_dict
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer.checkpoint import MARKER, latest_checkpoint
+
+
+def parity_reward(request, mode):
+    return float(len(request.response) % 2 == 0)
+
+
+def crashing_parity_reward(request, mode):
+    if "7" in request.response:
+        raise RuntimeError("verifier crashed on this response")
+    return parity_reward(request, mode)
+
+
+def tiny_exp(tmp_path, algorithm="hacpo", backend="hf", **train) -> ExperimentConfig:
+    agent = lambda name, arch, tok, hidden, layers: {  # noqa: E731
+        "name": name, "backend": backend, "tokenizer": tok, "prompt_template": "plain", "lr": 1e-3,
+        "model": {"arch": arch, "hidden_size": hidden, "num_layers": layers, "num_heads": 4, "num_kv_heads": 2,
+                  "ffn_hidden_size": 2 * hidden, "max_position_embeddings": 64},
+    }
+    return from_dict(ExperimentConfig, {
+        "name": "e2e", "output_dir": str(tmp_path / "run"),
+        "agents": [agent("llama", "llama", "char", 32, 2), agent("qwen3", "qwen3", "pair", 24, 1)],
+        "rollout": {"samples_per_prompt": 4, "max_response_len": 8, "max_prompt_len": 32},
+        "hacpo": {"algorithm": algorithm},
+        "train": {"steps": 2, "prompts_per_step": 4, "mini_batches": 2, "micro_batch_size": 8, "eval_every": 0,
+                  "verifier_workers": 0, **train},
+        "data": {"task": "addition", "difficulty": 1, "eval_size": 0},
+        "checkpoint": {"every": 0},
+        "log": {"tensorboard": False, "progress": False},
+    }).validate()
+
+
+def run_with(exp, score_fn=parity_reward, steps=None):
+    run = loop.setup(exp)
+    run.verifier.close()
+    run.verifier = VerifierPool(num_workers=0, score_fn=score_fn)
+    history = [loop.train_step(run) for _ in range(steps if steps is not None else exp.train.steps)]
+    return run, history
+
+
+@pytest.mark.parametrize("algorithm", ["hacpo", "naive", "gspo", "gspo_x2", "grpo"])
+def test_every_algorithm_trains_every_agent_and_syncs_engines(tmp_path, algorithm):
+    exp = tiny_exp(tmp_path, algorithm)
+    run = loop.setup(exp)
+    run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    before = {rt.name: {k: v.clone() for k, v in rt.agent.model.named_parameters()} for rt in run.runtimes}
+    history = [loop.train_step(run) for _ in range(2)]
+    for rt in run.runtimes:
+        for key, value in rt.agent.model.named_parameters():
+            assert not torch.equal(value, before[rt.name][key]), f"{rt.name}.{key} did not change"
+        engine_params = dict(rt.engine.model.named_parameters())
+        for key, value in rt.agent.model.named_parameters():
+            torch.testing.assert_close(engine_params[key], value, rtol=0, atol=0)  # the engine got the new weights
+        for metrics in history:
+            assert torch.isfinite(torch.tensor(metrics[f"{rt.name}/hacpo/loss"]))
+            assert metrics[f"{rt.name}/sync_logp_diff"] < 1e-3
+    g = exp.rollout.samples_per_prompt * (2 if algorithm == "gspo_x2" else 1)
+    n_seq = history[0]["llama/sequences"]
+    shared = algorithm in ("hacpo", "naive")
+    assert n_seq == exp.train.prompts_per_step * g * (2 if shared else 1)
+    if shared:
+        assert history[0]["llama/hacpo/num_cross"] > 0
+        assert 0.1 <= history[0]["llama/omega/qwen3"] <= 10
+
+
+def test_resumed_run_matches_uninterrupted(tmp_path):
+    full_exp = tiny_exp(tmp_path / "full", steps=4)
+    _, full = run_with(full_exp)
+    exp = tiny_exp(tmp_path / "split", steps=4)
+    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=2))
+    first = loop.setup(exp)
+    first.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    for _ in range(2):
+        loop.train_step(first)
+    loop._save(first)
+    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    assert loop._resume(resumed) and resumed.step == 2
+    later = [loop.train_step(resumed) for _ in range(2)]
+    for name in ("llama", "qwen3"):
+        for a, b in zip(full[2:], later):
+            assert a[f"{name}/hacpo/loss"] == pytest.approx(b[f"{name}/hacpo/loss"], rel=1e-6, abs=1e-9)
+            assert a[f"{name}/reward_mean"] == b[f"{name}/reward_mean"]
+
+
+def test_crash_mid_save_resumes_from_last_complete_checkpoint(tmp_path):
+    exp = tiny_exp(tmp_path, steps=2)
+    run, _ = run_with(exp, steps=1)
+    loop._save(run)
+    root = loop._checkpoint_dir(exp)
+    # a save killed before its rename leaves a temp folder; one killed before the marker, no COMPLETE
+    (root / ".tmp-step-000002-999999" / "agents").mkdir(parents=True)
+    (root / "step-000002" / "agents").mkdir(parents=True)
+    assert latest_checkpoint(root).name == "step-000001"
+    fresh = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    assert loop._resume(fresh) and fresh.step == 1
+    assert (latest_checkpoint(root) / MARKER).exists()
+
+
+def test_verifier_crash_on_one_response_does_not_stop_the_run(tmp_path):
+    run, history = run_with(tiny_exp(tmp_path), score_fn=crashing_parity_reward)
+    assert run.step == 2
+    assert run.verifier.stats["errors"] > 0  # responses containing "7" crashed the checker and scored 0
+
+
+def test_full_train_writes_metrics_checkpoints_and_table(tmp_path, capsys):
+    exp = tiny_exp(tmp_path, steps=2)
+    exp = dataclasses.replace(
+        exp,
+        train=dataclasses.replace(exp.train, eval_every=2),
+        data=dataclasses.replace(exp.data, eval_size=8),
+        checkpoint=dataclasses.replace(exp.checkpoint, every=1, keep=1),
+    )
+    run = loop.train(exp)
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [0, 1, 2]
+    assert "llama/eval_accuracy" in rows[-1] and "qwen3/hacpo/cross_clipfrac" in rows[1]
+    assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]  # keep=1
+    assert "| llama |" in capsys.readouterr().out
+    assert run.step == 2
