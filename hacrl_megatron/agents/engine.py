@@ -1,0 +1,152 @@
+"""Micro-batching and the forward/loss step of a Megatron agent (shared by logprob and train).
+
+Packing choice: **right-padded** ``[B, T_max]`` micro-batches with megatron-core's causal mask, not
+THD packing. The local layer spec — the only one that runs on CPU — rejects ``PackedSeqParams``
+(``DotProductAttention.forward`` asserts ``packed_seq_params is None``), and with right padding
+and a causal mask the pad tokens sit after every real token, so they cannot change a real token's
+output: no attention mask tensor is needed at all. The padding costs compute only; micro-batches
+are formed from consecutive sequences as the trainer ordered them.
+
+Log-probs: position t's logits predict token t+1, so the response tokens ``ids[p:T]`` of a sequence
+with prompt length p are scored by the logits at positions ``p-1 .. T-2``. Only those N rows are
+gathered from the vocab-parallel logits before the log-softmax (:func:`response_logprobs`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from hacrl_megatron.agents.batch import LogProbOutput, SequenceBatch
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """B sequences of a :class:`SequenceBatch`, right-padded for one forward pass.
+
+    tokens, position_ids: [B, T_max] int64 (pad id 0 after each sequence's end).
+    rows, cols: [N] int64, where in the logits each response token is predicted (row b, col t-1).
+    targets: [N] int64, the response token ids.
+    cu_seqlens: [B + 1] int64 offsets of each sequence's response tokens in the N axis.
+    seq_len: [B] int64 response lengths.
+    extras: per-sequence tensors of these B sequences (the loss function's slice).
+    """
+
+    tokens: torch.Tensor
+    position_ids: torch.Tensor
+    rows: torch.Tensor
+    cols: torch.Tensor
+    targets: torch.Tensor
+    cu_seqlens: torch.Tensor
+    seq_len: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.tokens.numel())
+
+
+def make_micro_batch(batch: SequenceBatch, device: torch.device | str = "cpu") -> MicroBatch:
+    """Right-pad all sequences of ``batch`` into one :class:`MicroBatch`."""
+    lens = [int(ids.numel()) for ids in batch.input_ids]
+    b, t_max = len(lens), max(lens)
+    tokens = torch.zeros(b, t_max, dtype=torch.long)
+    rows, cols, targets = [], [], []
+    for i, ids in enumerate(batch.input_ids):
+        tokens[i, : lens[i]] = ids
+        p = int(batch.prompt_lens[i])
+        rows.append(torch.full((lens[i] - p,), i, dtype=torch.long))
+        cols.append(torch.arange(p - 1, lens[i] - 1))
+        targets.append(ids[p:].long())
+    seq_len = batch.response_lens
+    cu = torch.zeros(b + 1, dtype=torch.long)
+    cu[1:] = torch.cumsum(seq_len, 0)
+    to = lambda x: x.to(device)  # noqa: E731
+    return MicroBatch(
+        tokens=to(tokens),
+        position_ids=to(torch.arange(t_max).unsqueeze(0).expand(b, -1).contiguous()),
+        rows=to(torch.cat(rows)),
+        cols=to(torch.cat(cols)),
+        targets=to(torch.cat(targets)),
+        cu_seqlens=to(cu),
+        seq_len=to(seq_len),
+        extras={k: to(v) for k, v in batch.extras.items()},
+    )
+
+
+def split_micro_batches(batch: SequenceBatch, size: int, device: torch.device | str = "cpu") -> list[MicroBatch]:
+    """Consecutive groups of ``size`` sequences (the last one may be smaller)."""
+    if size < 1:
+        raise ValueError(f"micro_batch_size={size} must be >= 1")
+    n = len(batch)
+    return [make_micro_batch(batch.select(list(range(i, min(i + size, n)))), device) for i in range(0, n, size)]
+
+
+def dp_slice(n: int, dp: int, dp_rank: int) -> list[int]:
+    """Sequence indices of data-parallel rank ``dp_rank`` (contiguous, sizes differ by at most 1)."""
+    if n < dp:
+        raise ValueError(f"a batch of {n} sequences cannot be split over data-parallel size {dp}")
+    return torch.tensor_split(torch.arange(n), dp)[dp_rank].tolist()
+
+
+def response_logprobs(logits: torch.Tensor, mb: MicroBatch, temperature: float, vocab_size: int) -> LogProbOutput:
+    """Per-token log π(y_t) of the response tokens from vocab-parallel logits (spec §3).
+
+    logits: [B, T, V_pad / tp] this TP rank's vocabulary slice (megatron ``parallel_output=True``).
+    temperature: logits are divided by it (sampling temperature of the rollout, spec §3).
+    vocab_size: the HF vocabulary; padded columns beyond it are excluded from the softmax.
+    Returns token log-probs [N] (float32, differentiable), per-sequence sums [S] and counts [S].
+    This is the single call site to switch to ``hacrl_megatron.kernels.sequence_logprobs``.
+    """
+    from megatron.core import parallel_state as mpu
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    local = logits[mb.rows, mb.cols].float() / temperature  # [N, V_pad/tp]
+    start = mpu.get_tensor_model_parallel_rank() * local.shape[-1]
+    if start + local.shape[-1] > vocab_size:  # Megatron vocab padding: never a valid token
+        pad = torch.arange(start, start + local.shape[-1], device=local.device) >= vocab_size
+        local = local.masked_fill(pad, float("-inf"))
+    token_logps = -vocab_parallel_cross_entropy(local, mb.targets)
+    seq_ids = torch.repeat_interleave(torch.arange(len(mb.seq_len), device=local.device), mb.seq_len)
+    sums = torch.zeros(len(mb.seq_len), dtype=token_logps.dtype, device=local.device).index_add(0, seq_ids, token_logps)
+    return LogProbOutput(token_logps=token_logps, cu_seqlens=mb.cu_seqlens, seq_logp_sum=sums, seq_len=mb.seq_len)
+
+
+def run_schedule(
+    model: torch.nn.Module,
+    micro_batches: list[MicroBatch],
+    on_logprobs: Callable[[LogProbOutput, MicroBatch], torch.Tensor],
+    temperature: float,
+    vocab_size: int,
+    forward_only: bool,
+) -> None:
+    """Drive megatron-core's forward(-backward) schedule (no pipelining or 1F1B for PP > 1).
+
+    ``on_logprobs(logprobs, micro_batch)`` runs on the last pipeline stage for every micro-batch and
+    returns the loss to backpropagate (ignored when ``forward_only``). Losses are summed over
+    micro-batches, not averaged (``calculate_per_token_loss=True`` and a 3-tuple loss function with
+    no token-count rescaling in ``finalize_model_grads``, see ``LocalAgent``).
+    """
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    def forward_step(data_iterator, chunk):  # noqa: ANN001 (megatron's callback signature)
+        mb = next(data_iterator)
+        output = chunk(mb.tokens, mb.position_ids, None)
+
+        def loss_func(output_tensor: torch.Tensor):  # noqa: ANN202
+            loss = on_logprobs(response_logprobs(output_tensor, mb, temperature, vocab_size), mb)
+            return loss, torch.tensor(mb.seq_len.numel(), dtype=torch.int), {}
+
+        return output, loss_func
+
+    get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iter(micro_batches),
+        model=[model],
+        num_microbatches=len(micro_batches),
+        seq_length=max(mb.tokens.shape[1] for mb in micro_batches),
+        micro_batch_size=max(mb.tokens.shape[0] for mb in micro_batches),
+        forward_only=forward_only,
+    )

@@ -1,0 +1,264 @@
+"""``LocalAgent``: an :class:`~hacrl_megatron.agents.handle.AgentHandle` over megatron-core in this process.
+
+Every rank of the agent's world constructs one ``LocalAgent`` and makes the same calls (SPMD); in
+the CPU demo the world is the controller process itself (TP = PP = DP = 1), and several agents
+share it because they share megatron's parallel state of sizes 1 (DESIGN.md "local" mode).
+
+Training (spec §7): for each mini-batch m the sequences are split over data-parallel ranks, then
+into micro-batches of ``train.micro_batch_size`` sequences; ``loss_fn`` returns each micro-batch's
+loss already divided by the mini-batch's global sequence count, and gradients are **summed** over
+micro-batches and DP ranks (``calculate_per_token_loss=True`` turns off megatron's division by the
+number of micro-batches and its DP averaging; :func:`_finalize_grads` skips the token rescaling),
+so the update equals the full mini-batch gradient. Then grad clipping, the LR schedule and AdamW.
+"""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hacrl_megatron.agents import checkpoint as ckpt
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.engine import MicroBatch, dp_slice, run_schedule, split_micro_batches
+from hacrl_megatron.models import convert
+from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
+from hacrl_megatron.models.cpu_compat import enable_cpu_compat
+from hacrl_megatron.models.parallel import init_parallel
+from hacrl_megatron.models.provider import (
+    ArchSpec,
+    arch_from_hf,
+    arch_from_model_config,
+    build_gpt_model,
+    hf_config_from_model_config,
+)
+
+
+def _finalize_grads(model_chunks: list, num_tokens: Any = None, *args: Any, **kwargs: Any) -> None:
+    """megatron's ``finalize_model_grads`` (DP all-reduce, tied-embedding sync) without 1/num_tokens."""
+    from megatron.core.distributed import finalize_model_grads
+
+    finalize_model_grads(model_chunks, None)
+
+
+def _resolve_spec(agent: Any, vocab_size: int | None, hf_checkpoint: Any, hf_config: Any) -> tuple[ArchSpec, Any, Any]:
+    """(ArchSpec, HF config, weight source or None) from the agent config and optional HF inputs.
+
+    Precedence: an explicit ``hf_config``; else ``agent.model.hf_path``'s config; else the sizes in
+    ``agent.model``. A string ``hf_checkpoint`` must describe the same model.
+    """
+    model_cfg = agent.model
+    source = None
+    if hf_config is not None:
+        spec = arch_from_hf(hf_config, dtype=model_cfg.dtype)
+    elif model_cfg.hf_path is not None:
+        hf_config, source = open_hf_model(model_cfg.hf_path, model_cfg.gguf_file)
+        spec = arch_from_hf(hf_config, dtype=model_cfg.dtype)
+    else:
+        hf_config = hf_config_from_model_config(model_cfg, vocab_size)
+        spec = arch_from_model_config(model_cfg, vocab_size)
+    if isinstance(hf_checkpoint, str):
+        ck_config, hf_checkpoint = open_hf_model(hf_checkpoint)
+        ck = arch_from_hf(ck_config, dtype=model_cfg.dtype)
+        if ck != spec:
+            raise convert.CheckpointMismatchError(f"HF checkpoint {ck} does not match the agent's model {spec}")
+    if hf_checkpoint is not None:
+        source = hf_checkpoint
+    if vocab_size is not None and vocab_size > spec.vocab_size:
+        raise ValueError(f"tokenizer vocab_size={vocab_size} exceeds the model's vocab_size={spec.vocab_size}")
+    return spec, hf_config, source
+
+
+class LocalAgent:
+    """One Megatron agent driven in-process (see module docstring).
+
+    Args:
+        agent: ``AgentConfig`` (name, model, parallel, lr, init_checkpoint).
+        train: ``TrainConfig`` (micro_batch_size, grad_clip, weight_decay, adam_beta1/2,
+            lr_warmup_steps, lr_schedule, seed).
+        vocab_size: tokenizer vocabulary for models built from sizes (``model.vocab_size`` None).
+        hf_checkpoint: HF weights to start from: a directory, or an HF-named state dict; default
+            ``agent.model.hf_path``'s weights, else ``agent.init_checkpoint`` (HF dir or Megatron
+            checkpoint from :meth:`save`), else megatron's random init (std 0.02).
+        hf_config: the HF config of the model (overrides ``agent.model``; see :meth:`from_hf_model`).
+        total_updates: optimizer updates of the whole run (cosine decay length); default
+            ``train.steps * train.mini_batches``.
+    """
+
+    def __init__(self, agent: Any, train: Any, *, vocab_size: int | None = None, hf_checkpoint: Any = None,
+                 hf_config: Any = None, total_updates: int | None = None) -> None:
+        self.name = agent.name
+        self.train_cfg = train
+        par = agent.parallel
+        init_sub = agent.init_checkpoint
+        if hf_checkpoint is None and init_sub is not None and is_hf_dir(init_sub):
+            hf_checkpoint, init_sub = init_sub, None
+        self.spec, self.hf_config, source = _resolve_spec(agent, vocab_size, hf_checkpoint, hf_config)
+        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train.seed)
+        model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel)
+        if source is not None:
+            convert.load_hf_weights(model, self.spec, source)
+        self.model, self.optimizer, self.scheduler = self._build_training(model, agent, train, total_updates)
+        self.updates = 0
+        self._stats: dict[str, float] = {}
+        if init_sub is not None:
+            ckpt.load_checkpoint(init_sub, convert.unwrap(self.model), self.optimizer, self.scheduler, self.spec,
+                                 with_optimizer=False)
+
+    @classmethod
+    def from_hf_model(cls, agent: Any, hf_model: Any, *, train: Any, total_updates: int | None = None) -> LocalAgent:
+        """An agent initialised from an in-memory transformers causal LM (its config and weights)."""
+        state = {k: v.detach() for k, v in hf_model.state_dict().items()}
+        return cls(agent, train, hf_checkpoint=state, hf_config=hf_model.config, total_updates=total_updates)
+
+    # ----------------------------------------------------------------------------------------
+    def _build_training(self, model: Any, agent: Any, train: Any, total_updates: int | None) -> tuple:
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        config = model.config
+        config.finalize_model_grads_func = _finalize_grads
+        ddp = DistributedDataParallel(
+            config=config,
+            ddp_config=DistributedDataParallelConfig(
+                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                use_distributed_optimizer=agent.parallel.use_distributed_optimizer,
+            ),
+            module=model,
+        )
+        opt_cfg = OptimizerConfig(
+            optimizer="adam", lr=agent.lr, min_lr=0.0 if train.lr_schedule == "cosine" else agent.lr,
+            weight_decay=train.weight_decay, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
+            adam_eps=1e-8, clip_grad=train.grad_clip, use_distributed_optimizer=agent.parallel.use_distributed_optimizer,
+            bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
+        )
+        optimizer = get_megatron_optimizer(opt_cfg, [ddp])
+        total = max(1, total_updates if total_updates is not None else train.steps * train.mini_batches)
+        scheduler = OptimizerParamScheduler(
+            optimizer, init_lr=0.0, max_lr=agent.lr, min_lr=opt_cfg.min_lr, lr_warmup_steps=train.lr_warmup_steps,
+            lr_decay_steps=max(total, train.lr_warmup_steps + 1), lr_decay_style=train.lr_schedule,
+            start_wd=train.weight_decay, end_wd=train.weight_decay, wd_incr_steps=total, wd_incr_style="constant",
+        )
+        return ddp, optimizer, scheduler
+
+    @property
+    def module(self) -> Any:
+        """The bare ``GPTModel`` of this rank's pipeline stage."""
+        return convert.unwrap(self.model)
+
+    def _split(self, batch: SequenceBatch) -> list[MicroBatch]:
+        idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
+        return split_micro_batches(batch.select(idx), self.train_cfg.micro_batch_size, self._device())
+
+    def _device(self) -> torch.device:
+        return next(self.module.parameters()).device
+
+    def _reports(self) -> bool:
+        """This rank contributes results (last pipeline stage, TP rank 0; one per DP replica)."""
+        from megatron.core import parallel_state as mpu
+
+        return mpu.is_pipeline_last_stage() and self.info.tp_rank == 0
+
+    # ----------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ log π of each response [S] (float32, at ``temperature``) and its token count [S]; on every rank."""
+        enable_cpu_compat()
+        t0 = time.perf_counter()
+        idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
+        sums = torch.zeros(len(batch), dtype=torch.float32, device=self._device())
+        done: list[torch.Tensor] = []
+
+        def collect(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
+            done.append(lp.seq_logp_sum.detach())
+            return lp.seq_logp_sum.sum() * 0
+
+        self.model.eval()
+        run_schedule(self.model, self._split(batch), collect, temperature, self.spec.vocab_size, forward_only=True)
+        self.model.train()
+        if self._reports():
+            sums[torch.tensor(idx, device=sums.device)] = torch.cat(done).float()
+        if self.info.world_size > 1:
+            torch.distributed.all_reduce(sums)
+        self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - t0, 1e-9)
+        return sums.cpu(), batch.response_lens
+
+    def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
+        """One optimizer update per mini-batch, m = 0..M-1 in order; one metrics dict per update
+        (mean of ``loss_fn``'s metrics over micro-batches, plus ``loss``, ``grad_norm``, ``lr``)."""
+        enable_cpu_compat()
+        out, t0, tokens = [], time.perf_counter(), 0
+        for m, mini in enumerate(mini_batches):
+            out.append(self._update(m, mini, loss_fn, temperature))
+            tokens += mini.num_tokens()
+        self._stats["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
+        return out
+
+    def _update(self, m: int, mini: SequenceBatch, loss_fn: LossFn, temperature: float) -> dict[str, float]:
+        global_n = len(mini)
+        records: list[tuple[float, dict[str, float]]] = []
+
+        def step_loss(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
+            loss, metrics = loss_fn(lp, mb.extras, m, global_n)
+            records.append((float(loss.detach()), dict(metrics)))
+            return loss
+
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        run_schedule(self.model, self._split(mini), step_loss, temperature, self.spec.vocab_size, forward_only=False)
+        self.scheduler.step(increment=1)  # lr of update u: schedule at u+1 (warm-up never starts at 0)
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        ok, grad_norm, _ = self.optimizer.step()
+        if not ok:
+            raise FloatingPointError(f"agent {self.name}: optimizer step {self.updates} skipped (inf/nan gradients)")
+        self.updates += 1
+        metrics = self._reduce_metrics(records if self._reports() else [])
+        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr)
+        return metrics
+
+    def _reduce_metrics(self, records: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
+        """loss: sum over all micro-batches (the mini-batch loss); other metrics: mean over them."""
+        if self.info.world_size > 1:
+            gathered: list[Any] = [None] * self.info.world_size
+            torch.distributed.all_gather_object(gathered, records)
+            records = [r for part in gathered for r in part]
+        out: dict[str, float] = {"loss": sum(r[0] for r in records)}
+        keys = sorted({k for _, md in records for k in md})
+        for k in keys:
+            vals = [md[k] for _, md in records if k in md]
+            out[k] = sum(vals) / len(vals)
+        return out
+
+    # ----------------------------------------------------------------------------------------
+    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """HF-named full tensors (gathered across TP/PP), streamed one at a time, on every rank."""
+        enable_cpu_compat()
+        return convert.export_hf_weights(self.module, self.spec)
+
+    def save(self, path: str) -> None:
+        """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""
+        enable_cpu_compat()
+        ckpt.save_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates)
+
+    def load(self, path: str) -> None:
+        """Restore :meth:`save`'s state, possibly written at another TP/PP layout."""
+        enable_cpu_compat()
+        self.updates = ckpt.load_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec)
+
+    def stats(self) -> dict[str, float]:
+        """tokens/s of the last train and logprob calls; peak RSS (MiB) and CUDA memory (MiB)."""
+        out = dict(self._stats)
+        out["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        if torch.cuda.is_available():
+            out["peak_cuda_mib"] = torch.cuda.max_memory_allocated() / 2**20
+        out["updates"] = float(self.updates)
+        return out
+
+    def num_parameters(self) -> int:
+        """Parameters of the whole model as HF counts them (unpadded vocab, all stages)."""
+        return self.spec.num_parameters()
+
