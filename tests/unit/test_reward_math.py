@@ -185,3 +185,26 @@ def test_score_request_dispatch_and_validation():
         RewardRequest("math", None, "y")
     with pytest.raises(ValueError, match="reward mode 'sympy'"):
         score_request(RewardRequest("math", "\\boxed{1}", "1"), mode="sympy")
+
+
+def test_verifier_never_raises_on_arbitrary_text():
+    """Property check: extraction, normalisation and scoring accept any text and stay in [0, 1]."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    alphabet = st.sampled_from(
+        list("0123456789+-*/^{}()[]\\.,=xyz $%!") + ["\\boxed{", "\\frac", "\\sqrt", "\\text{"]
+    )
+    texts = st.lists(alphabet, max_size=60).map("".join)
+
+    @settings(max_examples=300, deadline=None, database=None)
+    @given(texts, texts)
+    def check(response, reference):
+        for kind in ("math", "integer"):
+            value = score_request(RewardRequest(kind, response, reference or "0"))
+            assert value in (0.0, 1.0)
+        assert is_equiv(response, reference) == is_equiv(reference, response)
+        if response.strip():
+            assert is_equiv(response, response) or len(response) > 2000
+
+    check()
