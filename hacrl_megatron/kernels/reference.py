@@ -1,0 +1,148 @@
+"""Chunked pure-torch backend of the sequence log-prob kernel (runs on every device).
+
+Two primitives, shared in shape with the Triton backend (``triton_impl.py``):
+
+* :func:`shard_stats` — per-token (max, Σexp, target logit) over this rank's vocab shard, computed
+  over fixed-shape row tiles of ``chunk_size`` tokens × the whole shard. The last tile is
+  zero-padded to the full tile so that every GEMM and every row reduction has the same shape
+  whatever N is: BLAS and torch reductions may pick a different accumulation order for a
+  different shape, and a sequence's log-prob must not depend on what else is in the batch.
+* :func:`grad_logits_chunk` — dL/dx for one vocabulary slice [N, V_c] of the raw logits x = h·Wᵀ,
+  recomputed from the saved log-sum-exp: w_t·(onehot_t − softmax_t)/T.
+
+Memory: one [chunk_size, V_local] tile in the forward, one [N, V_c] slice in the backward (V_c is
+chosen in ``core.py`` so that N·V_c ≈ chunk_size·V_local), plus O(N) vectors.
+"""
+
+from __future__ import annotations
+
+import torch
+
+HALF_DTYPES = (torch.float16, torch.bfloat16)
+
+# Elements of one logits chunk when the caller does not choose: 2**24 fp32 values = 64 MiB.
+DEFAULT_CHUNK_ELEMENTS = 1 << 24
+_cuda_out_dtype_mm: bool | None = None  # probed once: does torch.mm(..., out_dtype=) work here?
+
+
+def acc_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """Accumulation / output dtype: float32 for half and float32 inputs, float64 for float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def default_chunk_size(local_vocab: int) -> int:
+    """Tokens per forward tile so that one tile of logits holds about 2**24 elements (≥ 16)."""
+    return max(16, (DEFAULT_CHUNK_ELEMENTS // max(local_vocab, 1)) // 16 * 16)
+
+
+def _half_gemm_on_cuda(a: torch.Tensor) -> bool:
+    """True when a half-precision CUDA GEMM may write fp32 directly (probed once per process)."""
+    global _cuda_out_dtype_mm
+    if not (a.is_cuda and a.dtype in HALF_DTYPES):
+        return False
+    if _cuda_out_dtype_mm is None:
+        try:
+            probe = torch.ones(16, 16, device=a.device, dtype=a.dtype)
+            acc = torch.zeros(16, 16, device=a.device, dtype=torch.float32)
+            torch.addmm(acc, probe, probe, out_dtype=torch.float32)
+            _cuda_out_dtype_mm = torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+        except (RuntimeError, TypeError):
+            _cuda_out_dtype_mm = False
+    return _cuda_out_dtype_mm
+
+
+def matmul_acc(a: torch.Tensor, b: torch.Tensor, acc_dtype: torch.dtype) -> torch.Tensor:
+    """a @ b returned in ``acc_dtype``, accumulated in at least float32.
+
+    Half inputs on CUDA use the tensor cores with an fp32 output (no bf16 rounding of the
+    result); elsewhere half operands are upcast (CPU half GEMMs are slow and round their output).
+    """
+    if a.dtype == acc_dtype and b.dtype == acc_dtype:
+        return a @ b
+    if _half_gemm_on_cuda(a) and a.dtype == b.dtype:
+        return torch.mm(a, b, out_dtype=acc_dtype)
+    return a.to(acc_dtype) @ b.to(acc_dtype)
+
+
+def addmm_acc_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+    """acc += a @ b in place, with ``acc`` in the accumulation dtype (fp32 or fp64)."""
+    if a.dtype == acc.dtype and b.dtype == acc.dtype:
+        acc.addmm_(a, b)
+    elif _half_gemm_on_cuda(a) and a.dtype == b.dtype:
+        torch.addmm(acc, a, b, out_dtype=acc.dtype, out=acc)
+    else:
+        acc.addmm_(a.to(acc.dtype), b.to(acc.dtype))
+
+
+def shard_stats(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    local_targets: torch.Tensor,
+    temperature: float,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-token statistics of the logits z = (h·Wᵀ)/T over this vocab shard.
+
+    Args:
+        hidden: [N, H]; weight: [V_local, H]; local_targets: [N] int64, target id minus the
+            shard's first id (outside [0, V_local) when the target lives on another rank).
+        temperature: T > 0; chunk_size: rows per (zero-padded) tile.
+
+    Returns three [N] tensors in the accumulation dtype: max_v z, Σ_v exp(z − max), and z of
+    the target (exactly 0 when it is not in this shard).
+    """
+    n, h = hidden.shape
+    vocab = weight.shape[0]
+    acc = acc_dtype_for(hidden.dtype)
+    # upcast the shard once when half GEMMs cannot write fp32 here (CPU), not once per tile
+    w_t = weight.t() if weight.dtype == acc or _half_gemm_on_cuda(weight) else weight.to(acc).t()
+    in_shard = (local_targets >= 0) & (local_targets < vocab)
+    gather_idx = local_targets.clamp(0, vocab - 1)
+    out_max = torch.empty(n, dtype=acc, device=hidden.device)
+    out_sum = torch.empty_like(out_max)
+    out_tgt = torch.empty_like(out_max)
+    tile = None
+    for start in range(0, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        rows = hidden[start:stop]
+        if stop - start < chunk_size:  # pad the last tile: same GEMM shape for every tile
+            tile = hidden.new_zeros(chunk_size, h) if tile is None else tile.zero_()
+            tile[: stop - start] = rows
+            rows = tile
+        z = matmul_acc(rows, w_t, acc)  # [chunk_size, V_local]
+        if temperature != 1.0:
+            z.div_(temperature)
+        count = stop - start
+        tgt = z[:count].gather(1, gather_idx[start:stop, None])[:, 0]
+        out_tgt[start:stop] = torch.where(in_shard[start:stop], tgt, torch.zeros_like(tgt))
+        z_max = z.amax(dim=1)
+        out_max[start:stop] = z_max[:count]
+        out_sum[start:stop] = z.sub_(z_max[:, None]).exp_().sum(dim=1)[:count]
+    return out_max, out_sum, out_tgt
+
+
+def grad_logits_chunk(
+    hidden: torch.Tensor,
+    weight_chunk: torch.Tensor,
+    chunk_targets: torch.Tensor,
+    lse: torch.Tensor,
+    grad_scale: torch.Tensor,
+    temperature: float,
+) -> torch.Tensor:
+    """dL/dx [N, V_c] for one vocab slice of the raw logits x = h·W_cᵀ (accumulation dtype).
+
+    With z = x/T, p = softmax(z) over the global vocab (via the saved ``lse``) and upstream
+    gradient w_t = dL/dlogp_t: dL/dx_tv = (w_t/T)·(1[v = y_t] − p_tv). ``grad_scale`` is w/T [N];
+    ``chunk_targets`` is y_t minus the slice's first global id.
+    """
+    acc = lse.dtype
+    z = matmul_acc(hidden, weight_chunk.t(), acc)
+    if temperature != 1.0:
+        z.div_(temperature)
+    grad = z.sub_(lse[:, None]).exp_().mul_(-grad_scale[:, None])  # −(w/T)·p, in place
+    width = weight_chunk.shape[0]
+    in_chunk = (chunk_targets >= 0) & (chunk_targets < width)
+    onehot = torch.where(in_chunk, grad_scale, torch.zeros_like(grad_scale))
+    # one entry per row at most: a scatter-add without duplicate indices is deterministic
+    grad.scatter_add_(1, chunk_targets.clamp(0, width - 1)[:, None], onehot[:, None])
+    return grad
