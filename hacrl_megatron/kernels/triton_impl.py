@@ -53,15 +53,18 @@ def check_supported(hidden: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"impl='triton' supports {SUPPORTED_DTYPES}, got {hidden.dtype}; use impl='reference'")
 
 
-def _precision(dtype: torch.dtype) -> str:
-    # fp32 inputs: exact IEEE products (tl.dot would otherwise round them to tf32 on GPUs)
-    return "ieee" if dtype == torch.float32 else "tf32"
+def _dot_options(t: torch.Tensor) -> dict[str, object]:
+    """tl.dot settings: IEEE fp32 for fp32 inputs (GPUs would otherwise round them to tf32); under
+    the CPU interpreter bf16 operands are upcast first, because its numpy ``tl.dot`` multiplies the
+    raw uint16 bit patterns it stores bf16 in (exact either way: bf16 products fit in fp32)."""
+    upcast = t.dtype == torch.bfloat16 and not t.is_cuda
+    return {"PRECISION": "ieee" if t.dtype == torch.float32 or upcast else "tf32", "UPCAST": upcast}
 
 
 @triton.jit
 def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PRECISION: tl.constexpr):
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """[BLOCK_M, BLOCK_V] fp32 tile of h·Wᵀ, K reduced in BLOCK_K steps in a fixed order."""
     acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
@@ -72,6 +75,9 @@ def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, str
         k_mask = kk < K
         h = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
         w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        if UPCAST:
+            h = h.to(tl.float32)
+            w = w.to(tl.float32)
         acc = tl.dot(h, tl.trans(w), acc, input_precision=PRECISION)
     return acc
 
@@ -80,7 +86,7 @@ def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, str
 def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K, split_v, temperature,
                         stride_hn, stride_wv,
                         BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -95,7 +101,7 @@ def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K
         cols = v0 + tl.arange(0, BLOCK_V)
         col_mask = cols < v_hi
         z = _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
-                         BLOCK_M, BLOCK_V, BLOCK_K, PRECISION) / temperature
+                         BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST) / temperature
         z = tl.where(col_mask[None, :], z, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(z, axis=1))  # finite: every block has a valid column
         run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(z - new_max[:, None]), axis=1)
@@ -111,7 +117,7 @@ def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K
 def _grad_logits_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, scale_ptr, d_ptr, N, V, K, temperature,
                         stride_hn, stride_wv, stride_dn,
                         BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PRECISION: tl.constexpr):
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -119,7 +125,7 @@ def _grad_logits_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, scale_ptr, d_ptr, N, V, 
     row_mask = rows < N
     col_mask = cols < V
     z = _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
-                     BLOCK_M, BLOCK_V, BLOCK_K, PRECISION) / temperature
+                     BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST) / temperature
     lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
     scale = tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     tgt = tl.load(tgt_ptr + rows, mask=row_mask, other=-1)
@@ -161,7 +167,7 @@ def shard_stats(hidden: torch.Tensor, weight: torch.Tensor, local_targets: torch
         hidden, weight, local_targets.contiguous(), parts[0], parts[1], parts[2], n, vocab, k, split_v,
         float(temperature), hidden.stride(0), weight.stride(0),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        PRECISION=_precision(hidden.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        **_dot_options(hidden), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _merge_splits(parts[0], parts[1], parts[2])
 
 
@@ -180,5 +186,5 @@ def grad_logits_chunk(hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_ta
         hidden, weight_chunk, chunk_targets.contiguous(), lse.contiguous(), grad_scale.contiguous(), dlogits,
         n, width, k, float(temperature), hidden.stride(0), weight_chunk.stride(0), dlogits.stride(0),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        PRECISION=_precision(hidden.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        **_dot_options(hidden), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dlogits

@@ -1,0 +1,149 @@
+"""``fused_hacpo_loss`` equals ``algo.hacpo_loss`` on the same inputs (value, metrics, gradients).
+
+The unfused path is the composition the trainer would otherwise build: per-sequence sums from
+full [N, V] logits in float64 → ``sequence_log_ratio`` → ``hacpo_loss`` → autograd. Source
+log-prob sums are set so that the ratios s straddle every clip boundary (self ε band, the cross
+window [lb_m, 1] for each m), so both active and clipped branches are exercised.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
+from hacrl_megatron.config import HACPOConfig
+from hacrl_megatron.kernels import fused_hacpo_loss, fused_sequence_loss
+
+torch.set_num_threads(1)
+
+LENS = [4, 1, 9, 6, 12, 3, 7, 2]
+# log s per sequence: self ones sit inside / outside GSPO's ±3e-4 band, cross ones inside and
+# outside [0.8, 1] and the later windows [0.825, 1], [0.85, 1], ...
+LOG_S = [0.0001, -0.0005, -0.10, -0.30, -0.19, 0.05, -0.02, -0.16]
+IS_SELF = [True, True, False, False, False, False, True, False]
+ADV = [0.9, -1.1, 0.7, -0.6, 1.3, 0.4, 0.0, -0.8]
+OMEGA = [1.0, 1.0, 2.0, 0.5, 3.0, 1.5, 1.0, 0.7]
+
+
+def make_inputs(dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    n, h, v = sum(LENS), 10, 43
+    hidden = (torch.randn(n, h, generator=g) * 0.6).to(dtype).requires_grad_(True)
+    weight = (torch.randn(v, h, generator=g) * 0.6).to(dtype).requires_grad_(True)
+    targets = torch.randint(0, v, (n,), generator=g)
+    cu = torch.tensor([0, *torch.tensor(LENS).cumsum(0).tolist()])
+    return hidden, weight, targets, cu
+
+
+def full_logits_sums(hidden, weight, targets, cu, temperature):
+    logits = (hidden @ weight.t()).to(torch.promote_types(hidden.dtype, torch.float32)) / temperature
+    logp = torch.log_softmax(logits, -1).gather(1, targets[:, None])[:, 0]
+    return torch.stack([logp[a:b].sum() for a, b in zip(cu[:-1].tolist(), cu[1:].tolist())])
+
+
+def sequence_tensors(hidden, weight, targets, cu, temperature):
+    """Source statistics placing log s at LOG_S (computed from the current learner sums)."""
+    with torch.no_grad():
+        learner = full_logits_sums(hidden, weight, targets, cu, temperature).double()
+    lens = torch.tensor(LENS, dtype=torch.float64)
+    src_len = torch.tensor([5, 1, 11, 6, 10, 3, 7, 4])
+    src_sum = (learner / lens - torch.tensor(LOG_S, dtype=torch.float64)) * src_len
+    return dict(source_logp_sum=src_sum, source_len=src_len, advantages=torch.tensor(ADV, dtype=torch.float64),
+                is_self=torch.tensor(IS_SELF), discrepancy=torch.tensor(OMEGA, dtype=torch.float64))
+
+
+def unfused(hidden, weight, targets, cu, seq, update_index, cfg, num_sequences, temperature):
+    sums = full_logits_sums(hidden, weight, targets, cu, temperature)
+    log_ratio = sequence_log_ratio(sums, torch.tensor(LENS), seq["source_logp_sum"], seq["source_len"],
+                                   cfg.max_abs_log_ratio)
+    return hacpo_loss(log_ratio, seq["advantages"], seq["is_self"], seq["discrepancy"], update_index, cfg,
+                      num_sequences)
+
+
+CONFIGS = {
+    "hacpo_a1": HACPOConfig(alpha=1.0),
+    "hacpo_a0": HACPOConfig(alpha=0.0),
+    "hacpo_a3": HACPOConfig(alpha=3.0, cross_clip_low=0.8, delta_step=0.01),
+    "no_omega": HACPOConfig(discrepancy_coefficient=False),
+    "no_clip": HACPOConfig(cross_clip=False),
+    "no_stepwise": HACPOConfig(stepwise=False),
+    "naive": HACPOConfig(algorithm="naive", alpha=0.0),
+    "gspo": HACPOConfig(algorithm="gspo"),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("update_index", [0, 2, 5])
+def test_fused_equals_algo_hacpo_loss(name, update_index):
+    cfg = CONFIGS[name]
+    temperature = 0.8 if update_index == 2 else 1.0
+    hidden, weight, targets, cu = make_inputs()
+    seq = sequence_tensors(hidden, weight, targets, cu, temperature)
+    loss, metrics = fused_hacpo_loss(hidden, weight, targets, cu, update_index=update_index, cfg=cfg,
+                                     num_sequences=11, temperature=temperature, impl="reference", chunk_size=5,
+                                     **seq)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    ref_loss, ref_metrics = unfused(hidden, weight, targets, cu, seq, update_index, cfg, 11, temperature)
+    want = torch.autograd.grad(ref_loss, (hidden, weight))
+    torch.testing.assert_close(loss, ref_loss.detach(), rtol=0, atol=1e-12)
+    assert metrics.keys() == ref_metrics.keys()
+    for key in metrics:
+        assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-9), key
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
+    assert float(got[0].abs().max()) > 1e-4  # some sequence is inside its window
+
+
+def test_clipped_sequences_contribute_no_gradient():
+    """Only sequence 2 (cross, s = e^-0.1 = 0.905 inside [0.875, 1]) is trained; the rest are clipped or A = 0."""
+    hidden, weight, targets, cu = make_inputs()
+    seq = sequence_tensors(hidden, weight, targets, cu, 1.0)
+    keep = torch.tensor([False, False, True, False, False, False, False, False])
+    seq["advantages"] = torch.where(keep | torch.tensor([False, False, False, True, False, False, True, True]),
+                                    seq["advantages"], torch.zeros(8, dtype=torch.float64))
+    # at m = 3 the window is [0.875, 1]: sequences 3 (s = 0.741) and 7 (s = 0.852) lie below it
+    loss, _ = fused_hacpo_loss(hidden, weight, targets, cu, update_index=3, cfg=HACPOConfig(), impl="reference",
+                               **seq)
+    dh, _ = torch.autograd.grad(loss, (hidden, weight))
+    rows = torch.zeros(sum(LENS), dtype=torch.bool)
+    rows[int(cu[2]):int(cu[3])] = True
+    assert torch.all(dh[~rows] == 0) and torch.all(dh[rows].abs().sum(1) > 0)
+    # and its magnitude matches spec §5's gradient check: ω·s^(α+1)·A/(L_k·S) times d(Σ logp)
+    s = torch.exp(torch.tensor(LOG_S[2], dtype=torch.float64))
+    coef = OMEGA[2] * s**2 * ADV[2] / (LENS[2] * 8)
+    sums_grad = torch.autograd.grad(full_logits_sums(hidden, weight, targets, cu, 1.0)[2], hidden)[0]
+    torch.testing.assert_close(dh, -coef * sums_grad, rtol=1e-9, atol=1e-12)
+
+
+def test_fused_sequence_loss_with_custom_loss_and_float32_inputs():
+    hidden, weight, targets, cu = make_inputs(torch.float32)
+    coef = torch.linspace(-1, 1, len(LENS))
+
+    def loss_fn(seq_sums):
+        return (coef * seq_sums).sum() ** 2 / 100, {"total": float(seq_sums.detach().sum())}
+
+    loss, metrics = fused_sequence_loss(hidden, weight, targets, cu, loss_fn, temperature=1.3, impl="reference",
+                                        chunk_size=3)
+    got = torch.autograd.grad(loss, (hidden, weight))
+    sums = full_logits_sums(hidden, weight, targets, cu, 1.3)
+    ref, _ = loss_fn(sums)
+    want = torch.autograd.grad(ref, (hidden, weight))
+    assert metrics["total"] == pytest.approx(float(sums.sum()), rel=1e-6)
+    torch.testing.assert_close(loss, ref.detach(), rtol=1e-5, atol=1e-6)
+    for a, b in zip(got, want):
+        assert a.dtype == torch.float32
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
+def test_rejects_mismatched_sequence_tensors_and_token_level_algorithms():
+    hidden, weight, targets, cu = make_inputs()
+    seq = sequence_tensors(hidden, weight, targets, cu, 1.0)
+    bad = dict(seq, advantages=seq["advantages"][:-1])
+    with pytest.raises(ValueError, match="advantages has shape \\(7,\\), expected \\[S=8\\]"):
+        fused_hacpo_loss(hidden, weight, targets, cu, update_index=0, cfg=HACPOConfig(), **bad)
+    with pytest.raises(ValueError, match="grpo"):
+        fused_hacpo_loss(hidden, weight, targets, cu, update_index=0,
+                         cfg=dataclasses.replace(HACPOConfig(), algorithm="grpo"), **seq)
