@@ -123,7 +123,7 @@ def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, record
     for lo in range(0, len(prompts), batch_prompts):
         completions.extend(engine.generate(prompts[lo: lo + batch_prompts], params))
     requests = [RewardRequest(kind=r.kind, response=c.text, reference=r.answer)
-                for r, group in zip(records, completions) for c in group]
+                for r, group in zip(records, completions, strict=True) for c in group]
     scores = _score(verifier, requests)
     n = params.n
     rewards = [scores[i * n: (i + 1) * n] for i in range(len(records))]
@@ -136,7 +136,7 @@ def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, record
         truncated_fraction=sum(c.finish_reason == "length" for c in flat) / len(flat),
     )
     samples = [{"id": r.id, "answer": r.answer, "rewards": row, "response": group[0].text}
-               for r, row, group in zip(records, rewards, completions)]
+               for r, row, group in zip(records, rewards, completions, strict=True)]
     return result, samples
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hacrl_megatron.data import PromptRecord, make_task
+from hacrl_megatron.data import PromptRecord
 from hacrl_megatron.eval import EvalResult, evaluate, markdown_table, run_eval, write_results
 from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.reward import VerifierPool
@@ -60,7 +60,7 @@ def test_scripted_engine_exact_metrics(tok, verifier, tmp_path):
     right, wrong = (lambda a: f"\\boxed{{{a}}}"), (lambda a: f"\\boxed{{{a + 1}}}")
     pattern = [[1, 1, 1, 1], [0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1]]
     script = {f"Q: {r.question} A: ": [right(int(r.answer)) if ok else wrong(int(r.answer)) for ok in row]
-              for r, row in zip(recs, pattern)}
+              for r, row in zip(recs, pattern, strict=True)}
     engine = ScriptedEngine(tok, script)
     assert isinstance(engine, RolloutEngine)
     res = evaluate(engine, tok, {"toy": recs, "aime2025": recs}, k=2, n=4, greedy=False, temperature=0.6,

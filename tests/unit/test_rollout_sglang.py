@@ -172,4 +172,4 @@ def test_tensor_payload_round_trip():
     named = [("a.weight", torch.arange(6.0).reshape(2, 3)), ("b.bias", torch.ones(4))]
     back = deserialize_named_tensors(serialize_named_tensors(named))
     assert [n for n, _ in back] == ["a.weight", "b.bias"]
-    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(named, back))
+    assert all(torch.equal(x, y) for (_, x), (_, y) in zip(named, back, strict=True))
