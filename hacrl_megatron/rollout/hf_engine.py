@@ -76,14 +76,26 @@ class HFEngine:
     def _generation_config(self, params: SamplingParams) -> Any:
         from transformers import GenerationConfig
 
+        # Every field that could reshape the distribution is set explicitly: transformers fills
+        # unset (None) fields from the model's generation_config (e.g. Qwen3 ships top_k=20,
+        # top_p=0.95), and RL needs samples from exactly softmax(logits / T) (+ top_p).
         kwargs: dict[str, Any] = dict(
             max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
             eos_token_id=[self.eos_id, *params.stop_token_ids],
             pad_token_id=self.pad_id,
             do_sample=not params.greedy,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            top_k=0,
+            min_p=0.0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            num_beams=1,
         )
         if not params.greedy:
-            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p), top_k=0)
+            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p))
         if params.stop:
             kwargs["stop_strings"] = list(params.stop)
         return GenerationConfig(**kwargs)
@@ -113,8 +125,8 @@ class HFEngine:
             reason = "eos" if new_ids[cut] == self.eos_id else "stop"
         hit = False
         if params.stop:
-            # Checked first: after a stop string HF pads the row, and a pad equal to eos (SmolLM2)
-            # must not be mistaken for the model choosing eos.
+            # A stop string wins over a later eos/stop id: after it HF pads the row, and a pad
+            # equal to eos (SmolLM2) must not be mistaken for the model choosing eos.
             ids, hit = self._cut_at_stop_string(ids, params.stop)
             if hit:
                 reason = "stop"

@@ -158,3 +158,19 @@ def test_sampling_params_validation():
 def test_generate_rejects_empty_prompt(engine):
     with pytest.raises(ValueError, match="prompt 1 is empty"):
         engine.generate([[5], []], SamplingParams())
+
+
+def test_model_generation_config_cannot_reshape_sampling(tok):
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    plain = HFEngine(tiny_llama(len(tok)), tok).generate(prompts(tok), params)
+    model = tiny_llama(len(tok))
+    # what a hub checkpoint may ship; the engine must sample from the raw policy regardless
+    model.generation_config.repetition_penalty = 100.0
+    model.generation_config.no_repeat_ngram_size = 1
+    model.generation_config.min_new_tokens = 5
+    assert HFEngine(model, tok).generate(prompts(tok), params) == plain
+    torch.manual_seed(0)
+    sampled_plain = HFEngine(tiny_llama(len(tok)), tok).generate(prompts(tok), SamplingParams(n=2, seed=3))
+    model.generation_config.top_k = 1
+    model.generation_config.top_p = 0.1
+    assert HFEngine(model, tok).generate(prompts(tok), SamplingParams(n=2, seed=3)) == sampled_plain
