@@ -1,0 +1,136 @@
+"""tools/compare.py: a tiny real comparison (2 steps, 1 seed, hf backend, no warm-up), shared
+warm-up checkpoints across methods, resumability and input errors."""
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hacrl_megatron.config import ConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def load_tool(name):
+    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
+    spec.loader.exec_module(module)
+    return module
+
+
+cmp = load_tool("compare")
+P, G, STEPS = 2, 2, 2
+TINY = [
+    "agents.0.backend=hf", "agents.1.backend=hf", "train.sft_warmup=false",
+    "agents.0.model.hidden_size=32", "agents.0.model.num_layers=1", "agents.0.model.ffn_hidden_size=64",
+    "agents.1.model.hidden_size=24", "agents.1.model.num_layers=1", "agents.1.model.ffn_hidden_size=48",
+    f"train.steps={STEPS}", f"train.prompts_per_step={P}", f"rollout.samples_per_prompt={G}", "train.eval_every=1",
+    "train.micro_batch_size=16", "train.verifier_workers=0", "rollout.max_response_len=4", "data.difficulty=1",
+    "data.eval_size=4", "checkpoint.every=0",
+]
+
+
+@pytest.fixture(scope="module")
+def tiny_compare(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    start = time.perf_counter()
+    summary = cmp.main(["--seeds", "0", "--out", str(out), "--jobs", "1", "--set", *TINY])
+    return out, summary, time.perf_counter() - start
+
+
+def test_table_has_every_method_and_agent_and_right_rollout_counts(tiny_compare):
+    out, summary, _ = tiny_compare
+    assert list(summary) == ["hacpo", "gspo_x2", "naive"]
+    for method, entry in summary.items():
+        assert set(entry["agents"]) == {"llama", "qwen3"}
+        g = 2 * G if method == "gspo_x2" else G
+        for a in entry["agents"].values():
+            assert a["rollouts"] == P * g * STEPS
+            assert a["curve_steps"] == [0, 1, 2]  # eval every step, start included
+            assert a["delta"][0] == pytest.approx(a["final"][0] - a["start"][0])
+    for agent in ("llama", "qwen3"):  # one seed, one starting checkpoint: identical step-0 greedy accuracy
+        assert len({tuple(summary[m]["agents"][agent]["start_per_seed"]) for m in summary}) == 1
+    assert summary["gspo_x2"]["agents"]["llama"]["rollouts"] == 2 * summary["hacpo"]["agents"]["llama"]["rollouts"]
+    table = (out / "compare.md").read_text()
+    for label in ("HACPO", "GSPO×2", "Naive"):
+        for agent in ("llama", "qwen3"):
+            assert sum(line.startswith(f"| {label} | {agent} |") for line in table.splitlines()) == 1
+    assert f"| {P * 2 * G * STEPS} |" in table
+    stored = json.loads((out / "compare.json").read_text())
+    assert {(r["method"], r["seed"]) for r in stored["runs"]} == {("hacpo", 0), ("gspo_x2", 0), ("naive", 0)}
+    assert (out / "compare.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_each_run_has_its_own_dir_with_final_step_and_done_marker(tiny_compare):
+    out, _, _ = tiny_compare
+    for method in ("hacpo", "gspo_x2", "naive"):
+        run = out / f"{method}-seed0"
+        assert json.loads((run / "done.json").read_text())["steps"] == STEPS
+        assert json.loads((run / "config.json").read_text())["hacpo"]["algorithm"] == method
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+        assert rows[-1]["step"] == STEPS
+        # the learner's step batch: both agents' G responses (HACPO, Naive) or its own 2G (GSPO×2)
+        assert rows[-1]["llama/sequences"] == P * G * 2
+
+
+def test_rerun_skips_finished_runs(tiny_compare, capsys):
+    out, summary, first_s = tiny_compare
+    before = {p: p.read_bytes() for p in out.glob("*/metrics.jsonl")}
+    start = time.perf_counter()
+    again = cmp.main(["--seeds", "0", "--out", str(out), "--jobs", "1", "--set", *TINY])
+    assert time.perf_counter() - start < first_s
+    assert capsys.readouterr().out.count("finished earlier, skipped") == 3
+    assert {p: p.read_bytes() for p in out.glob("*/metrics.jsonl")} == before
+    assert json.loads(json.dumps(again)) == json.loads(json.dumps(summary))
+
+
+def test_a_folder_holding_a_different_run_is_refused(tiny_compare):
+    out, _, _ = tiny_compare
+    (out / "hacpo-seed0" / "done.json").unlink()  # unfinished, so it would be (re)run ...
+    with pytest.raises(cmp.CompareError, match="hacpo-seed0/config.json: holds a run with a different config"):
+        cmp.main(["--seeds", "0", "--out", str(out), "--jobs", "1", "--set", *TINY, "hacpo.alpha=3"])
+
+
+def test_methods_of_a_seed_share_the_warmup_checkpoint(tmp_path, monkeypatch):
+    monkeypatch.setenv("HACRL_CACHE", str(tmp_path / "cache"))
+    specs = cmp.plan_runs("cpu_demo", ["hacpo", "gspo_x2", "naive", "gspo", "grpo"], [0, 1], [], tmp_path)
+    warm = cmp.check_shared_warmup(specs)
+    assert set(warm) == {0, 1}
+    for seed in (0, 1):
+        dirs = warm[seed]
+        assert len(dirs) == 2 and all(d is not None and d.parent == tmp_path / "cache" / "warmup" for d in dirs)
+        assert all(cmp.warmup_dirs(s) == dirs for s in specs if s.seed == seed)
+    assert warm[0] != warm[1]  # the key includes train.seed
+
+
+def test_bad_inputs_raise_clear_errors(tmp_path):
+    with pytest.raises(cmp.CompareError, match=r"--methods: unknown \['ppo'\]"):
+        cmp.plan_runs("cpu_demo", ["hacpo", "ppo"], [0], [], tmp_path)
+    with pytest.raises(cmp.CompareError, match="sets hacpo.algorithm itself"):
+        cmp.plan_runs("cpu_demo", ["hacpo"], [0], ["hacpo.algorithm=naive"], tmp_path)
+    with pytest.raises(cmp.CompareError, match="needs greedy evaluation"):
+        cmp.plan_runs("cpu_demo", ["hacpo"], [0], ["train.eval_every=0"], tmp_path)
+    with pytest.raises(ConfigError, match="train.steps"):
+        cmp.plan_runs("cpu_demo", ["hacpo"], [0], ["train.steps=-1"], tmp_path)
+    with pytest.raises(cmp.CompareError, match="duplicates"):
+        cmp.plan_runs("cpu_demo", ["hacpo"], [0, 0], [], tmp_path)
+
+
+def test_mean_std_is_unbiased():
+    assert cmp.mean_std([0.5, 0.7, 0.9]) == pytest.approx((0.7, 0.2))
+    assert cmp.mean_std([0.4]) == (0.4, 0.0)
+
+
+@pytest.mark.slow
+def test_parallel_child_processes_give_the_same_table_as_in_process(tiny_compare, tmp_path):
+    out, summary, _ = tiny_compare
+    parallel = cmp.main(["--seeds", "0", "--out", str(tmp_path / "par"), "--jobs", "2", "--set", *TINY])
+    for method in summary:
+        for agent in ("llama", "qwen3"):
+            a, b = summary[method]["agents"][agent], parallel[method]["agents"][agent]
+            assert (a["curve_steps"], a["curve_mean"], a["rollouts"]) == (b["curve_steps"], b["curve_mean"], b["rollouts"])
+    assert (tmp_path / "par" / "gspo_x2-seed0" / "train.log").exists()

@@ -1,0 +1,465 @@
+"""Compare HACPO with its baselines (spec §8, §10) on one preset over several seeds.
+
+    python tools/compare.py [--preset cpu_demo] [--methods hacpo gspo_x2 naive] [--seeds 0 1 2]
+                            [--set train.steps=40 agents.0.backend=hf ...] [--out runs/compare] [--jobs 2]
+
+Every (method, seed) run trains with the same ``train.steps`` and ``train.mini_batches``, so each
+agent makes the same number of optimizer updates under every method; only the rollouts differ
+(GSPO×2 samples 2G responses per prompt, spec §8). Runs of one seed share one SFT warm-up
+checkpoint: the warm-up cache key (trainer/pretrain.py ``warmup_dir``) covers ``train.seed`` and the
+agent configs but not ``hacpo.algorithm`` — checked before anything runs. Warm-ups run first, one
+task per (seed, agent), then the RL runs, at most ``--jobs`` processes at a time, each with one
+torch thread. Each run lives in ``OUT/<method>-seed<seed>/``; a run whose ``metrics.jsonl`` reaches
+the final step and which has ``done.json`` is skipped on a re-run, an interrupted one resumes from
+its last checkpoint.
+
+Outputs in ``OUT``: ``compare.md`` (table), ``compare.json`` (every number), ``compare.png``
+(final accuracy bars with ±std error bars, and the seed-mean greedy learning curves per agent).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
+    sys.path.insert(0, str(REPO))
+
+from hacrl_megatron.config import ALGORITHMS, ExperimentConfig, load_config  # noqa: E402
+
+DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
+METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO"}
+# Settings every comparison run gets before the user's --set (which may override them): quiet logs
+# in a file, and resume from the run's own checkpoint after an interruption.
+RUN_DEFAULTS = ("log.progress=false", "log.tensorboard=false", "checkpoint.resume=true")
+
+
+class CompareError(ValueError):
+    """A comparison cannot run as asked; the message names the option or file."""
+
+
+@dataclass
+class RunSpec:
+    """One (method, seed) training run."""
+
+    method: str
+    seed: int
+    overrides: list[str]  # full override list handed to load_config
+    out_dir: Path
+    exp: ExperimentConfig = field(repr=False)
+
+    @property
+    def name(self) -> str:
+        return f"{self.method}-seed{self.seed}"
+
+
+# --------------------------------------------------------------------------------------------
+# planning
+
+
+def plan_runs(preset: str, methods: list[str], seeds: list[int], sets: list[str], out: Path) -> list[RunSpec]:
+    """Validated configs of every (method, seed) run; raises CompareError/ConfigError on bad input."""
+    unknown = [m for m in methods if m not in ALGORITHMS]
+    if unknown:
+        raise CompareError(f"--methods: unknown {unknown}; allowed: {list(ALGORITHMS)}")
+    if len(set(methods)) != len(methods) or len(set(seeds)) != len(seeds):
+        raise CompareError(f"--methods {methods} / --seeds {seeds}: duplicates are not allowed")
+    for key in ("hacpo.algorithm", "train.seed", "output_dir"):
+        if any(s.split("=", 1)[0].strip() == key for s in sets):
+            raise CompareError(f"--set {key}=...: compare.py sets {key} itself for every run")
+    specs = []
+    for seed in seeds:
+        for method in methods:
+            run_dir = out / f"{method}-seed{seed}"
+            overrides = [*RUN_DEFAULTS, *sets, f"hacpo.algorithm={method}", f"train.seed={seed}",
+                         f"output_dir={run_dir}"]
+            exp = load_config(preset, overrides)
+            if not (exp.train.eval_every > 0 and exp.data.eval_size > 0):
+                raise CompareError("compare needs greedy evaluation: train.eval_every and data.eval_size must be > 0 "
+                                   f"(got {exp.train.eval_every}, {exp.data.eval_size})")
+            specs.append(RunSpec(method, seed, overrides, run_dir, exp))
+    check_equal_budget(specs)
+    return specs
+
+
+def check_equal_budget(specs: list[RunSpec]) -> None:
+    """Every run must make the same optimizer updates per agent: same steps and mini-batches."""
+    shape = {(s.exp.train.steps, s.exp.train.mini_batches, s.exp.train.prompts_per_step) for s in specs}
+    if len(shape) != 1:
+        raise CompareError(f"runs differ in (train.steps, train.mini_batches, train.prompts_per_step): {sorted(shape)}")
+
+
+def warmup_dirs(spec: RunSpec) -> list[Path | None]:
+    """The warm-up cache folder of each agent of ``spec`` (None where the agent needs no warm-up)."""
+    from hacrl_megatron.trainer.pretrain import needs_warmup, warmup_dir
+
+    exp = spec.exp
+    return [warmup_dir(exp, i) if needs_warmup(exp, a) else None for i, a in enumerate(exp.agents)]
+
+
+def check_shared_warmup(specs: list[RunSpec]) -> dict[int, list[Path | None]]:
+    """Seed → per-agent warm-up folder, after checking that every method of a seed maps to the same one."""
+    by_seed: dict[int, list[Path | None]] = {}
+    for spec in specs:
+        dirs = warmup_dirs(spec)
+        first = by_seed.setdefault(spec.seed, dirs)
+        if dirs != first:
+            raise CompareError(f"seed {spec.seed}: method {spec.method!r} would warm up into {dirs}, other methods "
+                               f"into {first}; methods of one seed must start from the same checkpoint")
+    return by_seed
+
+
+def rollouts_per_agent(exp: ExperimentConfig) -> int:
+    """Responses each agent generates over the run: prompts_per_step × G (×2 for GSPO×2) × steps."""
+    from hacrl_megatron.trainer.stages import samples_per_prompt
+
+    return exp.train.prompts_per_step * samples_per_prompt(exp) * exp.train.steps
+
+
+# --------------------------------------------------------------------------------------------
+# run state on disk
+
+
+def last_step(metrics_path: Path) -> int | None:
+    from hacrl_megatron.trainer.metrics import read_metrics
+
+    if not metrics_path.exists():
+        return None
+    rows = read_metrics(metrics_path)
+    return int(rows[-1]["step"]) if rows else None
+
+
+def is_done(spec: RunSpec) -> bool:
+    """Finished: ``done.json`` written and ``metrics.jsonl`` reaches the final step."""
+    return (spec.out_dir / "done.json").exists() and last_step(spec.out_dir / "metrics.jsonl") == spec.exp.train.steps
+
+
+def claim_dir(spec: RunSpec) -> None:
+    """Record the run's config in ``config.json``; refuse a folder that holds a different run."""
+    spec.out_dir.mkdir(parents=True, exist_ok=True)
+    path = spec.out_dir / "config.json"
+    config = spec.exp.to_dict()
+    if path.exists():
+        old = json.loads(path.read_text())
+        if old != json.loads(json.dumps(config)):
+            diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config)).get(k))
+            raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "
+                               "use another --out or delete that folder")
+    else:
+        path.write_text(json.dumps(config, indent=1))
+
+
+# --------------------------------------------------------------------------------------------
+# tasks (run in a child process: `compare.py _task JSON`, or in-process with --jobs 1)
+
+
+def run_task(task: dict) -> None:
+    """Execute one task dict: {"kind": "warmup", preset, overrides, agent} or {"kind": "train", ...}."""
+    import torch
+
+    torch.set_num_threads(1)  # the comparison shares few cores between parallel runs
+    exp = load_config(task["preset"], task["overrides"])
+    if task["kind"] == "warmup":
+        _warm_up(exp, task["agent"])
+    elif task["kind"] == "train":
+        _train(exp, Path(task["out_dir"]), task["method"], task["seed"])
+    else:
+        raise CompareError(f"task kind {task['kind']!r}: expected 'warmup' or 'train'")
+
+
+def _warm_up(exp: ExperimentConfig, index: int) -> None:
+    import dataclasses
+
+    from hacrl_megatron.reward.pool import VerifierPool
+    from hacrl_megatron.trainer.pretrain import warm_up_agent, warmup_dir
+
+    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
+    target = warmup_dir(exp, index)
+    if (target / "warmup.json").exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode) as verifier:
+        info = warm_up_agent(exp, index, target, verifier)
+    print(f"[warm-up {exp.agents[index].name}] {info}", flush=True)
+
+
+def _train(exp: ExperimentConfig, out_dir: Path, method: str, seed: int) -> None:
+    from hacrl_megatron.trainer.loop import train
+
+    start = time.time()
+    run = train(exp)
+    done = {"method": method, "seed": seed, "steps": run.step, "wall_s": time.time() - start,
+            "history": run.history, "rollouts_per_agent": rollouts_per_agent(exp)}
+    (out_dir / "done.json").write_text(json.dumps(done, indent=1))
+
+
+def _task_dicts(preset: str, specs: list[RunSpec], warm: dict[int, list[Path | None]]) -> list[tuple[dict, Path]]:
+    """Warm-up tasks first (one per seed and agent that still needs one), then training tasks."""
+    tasks = []
+    first_of_seed = {}
+    for spec in specs:
+        first_of_seed.setdefault(spec.seed, spec)
+    for seed, dirs in warm.items():
+        spec = first_of_seed[seed]
+        for i, d in enumerate(dirs):
+            if d is not None and not (d / "warmup.json").exists():
+                task = {"kind": "warmup", "preset": preset, "overrides": spec.overrides, "agent": i, "seed": seed}
+                tasks.append((task, spec.out_dir.parent / f"warmup-seed{seed}-{spec.exp.agents[i].name}.log"))
+    for spec in specs:
+        if is_done(spec):
+            print(f"[compare] {spec.name}: finished earlier, skipped", flush=True)
+            continue
+        claim_dir(spec)
+        task = {"kind": "train", "preset": preset, "overrides": spec.overrides, "out_dir": str(spec.out_dir),
+                "method": spec.method, "seed": spec.seed}
+        tasks.append((task, spec.out_dir / "train.log"))
+    return tasks
+
+
+def execute(tasks: list[tuple[dict, Path]], jobs: int) -> None:
+    """Run tasks, at most ``jobs`` child processes at once; a seed's training waits for its warm-ups.
+
+    ``jobs == 1`` runs everything in this process (no start-up cost per run). Raises RuntimeError
+    naming the log file of the first task that failed.
+    """
+    if jobs == 1:
+        for task, log in tasks:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            print(f"[compare] {_label(task)} (log {log})", flush=True)
+            _run_logged(task, log)
+        return
+    pending, running, failed = list(tasks), [], []
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    while pending or running:
+        for item in [r for r in running if r[0].poll() is not None]:
+            running.remove(item)
+            proc, task, log, t0 = item
+            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
+            print(f"[compare] {_label(task)}: {status} in {time.time() - t0:.0f} s", flush=True)
+            if proc.returncode != 0:
+                failed.append((task, log))
+        busy_seeds = {t["seed"] for _, t, _, _ in running if t["kind"] == "warmup"}
+        warm_waiting = {t["seed"] for t, _ in pending if t["kind"] == "warmup"}
+        for item in list(pending):
+            task, log = item
+            if len(running) >= jobs or failed:
+                break
+            if task["kind"] == "train" and task["seed"] in busy_seeds | warm_waiting:
+                continue  # its warm-up checkpoint is not written yet
+            pending.remove(item)
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with open(log, "w") as fh:
+                proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_task", json.dumps(task)],
+                                        stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+            running.append((proc, task, log, time.time()))
+            print(f"[compare] started {_label(task)} (log {log})", flush=True)
+        if failed and not running:
+            break
+        time.sleep(0.5)
+    if failed:
+        task, log = failed[0]
+        raise RuntimeError(f"{_label(task)} failed; see {log}:\n{_tail(log)}")
+
+
+def _run_logged(task: dict, log: Path) -> None:
+    import contextlib
+
+    with open(log, "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+        try:
+            run_task(task)
+        except Exception as err:
+            print(f"{type(err).__name__}: {err}", file=fh)
+            raise
+
+
+def _label(task: dict) -> str:
+    if task["kind"] == "warmup":
+        return f"warm-up seed {task['seed']} agent {task['agent']}"
+    return f"{task['method']} seed {task['seed']}"
+
+
+def _tail(path: Path, lines: int = 20) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+
+# --------------------------------------------------------------------------------------------
+# results
+
+
+def run_result(spec: RunSpec) -> dict:
+    """Per-agent greedy accuracy curve, start/final values, rollouts and timing of one finished run."""
+    from hacrl_megatron.trainer.metrics import read_metrics
+
+    path = spec.out_dir / "metrics.jsonl"
+    if not path.exists():
+        raise CompareError(f"{path}: missing; run {spec.name} has not written metrics")
+    rows = read_metrics(path)
+    done_path = spec.out_dir / "done.json"
+    done = json.loads(done_path.read_text()) if done_path.exists() else {}
+    agents = {}
+    for agent in spec.exp.agents:
+        key = f"{agent.name}/eval_accuracy"
+        curve = [(int(r["step"]), r[key]) for r in rows if key in r]
+        if not curve:
+            raise CompareError(f"{path}: no {key!r} rows (was evaluation on?)")
+        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if f"{agent.name}/hacpo/cross_clipfrac" in r]
+        agents[agent.name] = {"steps": [s for s, _ in curve], "accuracy": [v for _, v in curve],
+                              "start": curve[0][1], "final": curve[-1][1],
+                              "cross_clipfrac_mean": sum(clip) / len(clip) if clip else None}
+    step_times = [r["time/rollout_s"] + r["time/train_s"] for r in rows if "time/train_s" in r]
+    return {"method": spec.method, "seed": spec.seed, "final_step": int(rows[-1]["step"]),
+            "rollouts_per_agent": rollouts_per_agent(spec.exp), "wall_s": done.get("wall_s"),
+            "rollout_train_s_per_step": sum(step_times) / len(step_times) if step_times else None,
+            "agents": agents}
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and unbiased (n−1) standard deviation; std is 0.0 for a single value."""
+    n = len(values)
+    mean = sum(values) / n
+    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, std
+
+
+def summarise(results: list[dict], methods: list[str], agent_names: list[str]) -> dict:
+    """method → agent → {final, start, delta: (mean, std) over seeds, rollouts, seeds}, plus mean curves."""
+    table = {}
+    for method in methods:
+        mine = [r for r in results if r["method"] == method]
+        rows = {}
+        for name in agent_names:
+            finals = [r["agents"][name]["final"] for r in mine]
+            starts = [r["agents"][name]["start"] for r in mine]
+            steps = mine[0]["agents"][name]["steps"]
+            curves = [r["agents"][name]["accuracy"] for r in mine if r["agents"][name]["steps"] == steps]
+            rows[name] = {
+                "final": mean_std(finals), "start": mean_std(starts),
+                "delta": mean_std([f - s for f, s in zip(finals, starts)]),
+                "final_per_seed": finals, "start_per_seed": starts,
+                "rollouts": mine[0]["rollouts_per_agent"],
+                "curve_steps": steps, "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
+                "cross_clipfrac_mean": _mean_or_none([r["agents"][name]["cross_clipfrac_mean"] for r in mine]),
+            }
+        wall = [r["wall_s"] for r in mine if r["wall_s"] is not None]
+        sps = [r["rollout_train_s_per_step"] for r in mine if r["rollout_train_s_per_step"] is not None]
+        table[method] = {"agents": rows, "seeds": [r["seed"] for r in mine],
+                         "wall_s_mean": _mean_or_none(wall), "rollout_train_s_per_step": _mean_or_none(sps)}
+    return table
+
+
+def _mean_or_none(values: list) -> float | None:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else None
+
+
+def markdown_table(summary: dict, agent_names: list[str]) -> str:
+    """One row per (method, agent): final greedy accuracy, change from start, rollouts (mean ± std over seeds)."""
+    lines = ["| method | agent | start | final greedy acc. | Δ from start | rollouts / agent | seeds |",
+             "|---|---|---|---|---|---|---|"]
+    for method, entry in summary.items():
+        for name in agent_names:
+            a = entry["agents"][name]
+            lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a['start'][0]:.3f} | "
+                         f"{a['final'][0]:.3f} ± {a['final'][1]:.3f} | {a['delta'][0]:+.3f} ± {a['delta'][1]:.3f} | "
+                         f"{a['rollouts']} | {len(entry['seeds'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
+    """Bar chart of final accuracy (±std error bars) and seed-mean greedy learning curves, one panel per agent."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    methods = list(summary)
+    fig, axes = plt.subplots(1, 1 + len(agent_names), figsize=(5 * (1 + len(agent_names)), 4.2))
+    width = 0.8 / len(methods)
+    ax = axes[0]
+    for j, method in enumerate(methods):
+        means = [summary[method]["agents"][n]["final"][0] for n in agent_names]
+        stds = [summary[method]["agents"][n]["final"][1] for n in agent_names]
+        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(agent_names))]
+        ax.bar(xs, means, width, yerr=stds, capsize=4, label=METHOD_LABELS.get(method, method))
+    ax.set_xticks(range(len(agent_names)), agent_names)
+    ax.set_ylabel("final greedy accuracy")
+    ax.set_title("final accuracy (mean ± std over seeds)")
+    ax.legend(fontsize=8)
+    for ax, name in zip(axes[1:], agent_names):
+        for method in methods:
+            a = summary[method]["agents"][name]
+            ax.plot(a["curve_steps"], a["curve_mean"], marker="o", ms=3, label=METHOD_LABELS.get(method, method))
+        ax.set_title(f"{name}: greedy eval accuracy (seed mean)")
+        ax.set_xlabel("RL step")
+        ax.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(specs: list[RunSpec], out: Path, methods: list[str]) -> dict:
+    """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary."""
+    agent_names = [a.name for a in specs[0].exp.agents]
+    results = [run_result(s) for s in specs]
+    summary = summarise(results, methods, agent_names)
+    table = markdown_table(summary, agent_names)
+    (out / "compare.md").write_text(table)
+    (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    plot_summary(summary, agent_names, out / "compare.png")
+    return summary
+
+
+# --------------------------------------------------------------------------------------------
+# command line
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", default="cpu_demo", help="built-in preset name or YAML path (default cpu_demo)")
+    p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
+                   help=f"algorithms to compare (default {' '.join(DEFAULT_METHODS)}; also gspo, grpo)")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="train.seed values (default 0 1 2)")
+    p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value",
+                   help="dotted overrides for every run, e.g. train.steps=40 agents.0.backend=hf")
+    p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (default runs/compare)")
+    p.add_argument("--jobs", type=int, default=2, help="parallel processes (1: everything in this process)")
+    args = p.parse_args(argv)
+    if args.jobs < 1:
+        p.error(f"--jobs {args.jobs}: must be >= 1")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Plan, warm up, train (skipping finished runs), then write the table and plot; returns the summary."""
+    args = parse_args(argv)
+    out = args.out.resolve()
+    specs = plan_runs(args.preset, args.methods, args.seeds, args.sets, out)
+    warm = check_shared_warmup(specs)
+    for seed, dirs in warm.items():
+        shared = ", ".join(str(d) if d else "none (no warm-up)" for d in dirs)
+        print(f"[compare] seed {seed}: every method starts from warm-up {shared}", flush=True)
+    start = time.time()
+    execute(_task_dicts(args.preset, specs, warm), args.jobs)
+    summary = write_outputs(specs, out, args.methods)
+    print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
+    print((out / "compare.md").read_text())
+    print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
+    return summary
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "_task":  # a child process started by execute()
+        run_task(json.loads(sys.argv[2]))
+    else:
+        main()
