@@ -38,6 +38,24 @@ def encode_text(tokenizer: Any, text: str, *, split_special_tokens: bool = False
     return list(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
 
 
+def _batch_decode(tokenizer: Any, batch: list[list[int]]) -> list[str]:
+    """:func:`decode_response` for many sequences; the Rust backend directly when there is one
+    (transformers' per-id Python conversion costs more than the decoding itself)."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return [decode_response(tokenizer, ids) for ids in batch]
+    # The backend never applies clean_up_tokenization_spaces: equal to decode_response.
+    return backend.decode_batch(batch, skip_special_tokens=True)
+
+
+def _batch_encode(tokenizer: Any, texts: list[str]) -> list[list[int]]:
+    """:func:`encode_text` for many texts (no special tokens added), batched in the backend."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return [encode_text(tokenizer, t) for t in texts]
+    return [e.ids for e in backend.encode_batch(texts, add_special_tokens=False)]
+
+
 @dataclass
 class _PairCounts:
     n: int = 0
@@ -179,33 +197,42 @@ def build_view(
             raise ValueError(f"build_view: {name}={value!r} must be an integer >= 1")
     keep_ids = is_self or same_tokenizer
     response, text = _response_ids(traj, learner_tokenizer, keep_ids=keep_ids, source_tokenizer=source_tokenizer)
-    content_len = len(response)
+    mismatch = stats is not None and text is not None and decode_response(learner_tokenizer, response) != text
+    learner = learner_name if learner_name is not None else (traj.source if is_self else None)
+    if stats is not None and learner is None:
+        raise ValueError("build_view: learner_name is required to record stats for a cross record")
+    return _assemble(traj, learner_tokenizer, learner_prompt_ids, response, mismatch, is_self=is_self,
+                     keep_ids=keep_ids, eos_mode=eos_mode, max_prompt_len=max_prompt_len,
+                     max_response_len=max_response_len, source_tokenizer=source_tokenizer, stats=stats,
+                     learner=learner)
+
+
+def _assemble(traj: Trajectory, learner_tokenizer: Any, learner_prompt_ids: Sequence[int], response: list[int],
+              mismatch: bool, *, is_self: bool, keep_ids: bool, eos_mode: str, max_prompt_len: int,
+              max_response_len: int, source_tokenizer: Any | None, stats: ExchangeStats | None,
+              learner: str | None) -> LearnerView:
+    """Prompt + response ids (+ end tokens), truncated, recorded in ``stats``: the view itself."""
     tail, learner_eos = _eos_ids(traj, learner_tokenizer, is_self=is_self, keep_ids=keep_ids, eos_mode=eos_mode,
-                    source_tokenizer=source_tokenizer)
+                                 source_tokenizer=source_tokenizer)
     full = response + tail
     truncated_response = len(full) > max_response_len
     full = full[:max_response_len]
-    eos_appended = learner_eos and not truncated_response
     prompt = [int(t) for t in learner_prompt_ids]
     truncated_prompt = len(prompt) > max_prompt_len
     if truncated_prompt:
         prompt = prompt[-max_prompt_len:]  # left-truncate: the question's end sits next to the answer
-    if stats is not None:
-        learner = learner_name if learner_name is not None else (traj.source if is_self else None)
-        if learner is None:
-            raise ValueError("build_view: learner_name is required to record stats for a cross record")
-        mismatch = text is not None and decode_response(learner_tokenizer, response) != text
-        stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=content_len,
+    if stats is not None and learner is not None:
+        stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=len(response),
                      truncated_prompt=truncated_prompt, truncated_response=truncated_response,
                      roundtrip_mismatch=mismatch)
     return LearnerView(
-        input_ids=tuple(prompt) + tuple(int(t) for t in full),
+        input_ids=tuple(prompt) + tuple(full),  # ids from tokenizers and Trajectory are already ints
         prompt_len=len(prompt),
         response_len=len(full),
         response_mask=(0,) * len(prompt) + (1,) * len(full),
         truncated_prompt=truncated_prompt,
         truncated_response=truncated_response,
-        eos_appended=eos_appended,
+        eos_appended=learner_eos and not truncated_response,
     )
 
 
@@ -239,21 +266,42 @@ class Exchange:
 
     def views(self, learner: str, trajectories: Sequence[Trajectory],
               prompt_ids: Mapping[str, Sequence[int]]) -> list[LearnerView]:
-        """Learner ``learner``'s view of each trajectory (same order).
+        """Learner ``learner``'s view of each trajectory (same order), as :func:`build_view` gives it.
 
-        ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids.
+        ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids. Cross records are
+        decoded and re-encoded in one batched tokenizer call per source (the Rust tokenizers
+        parallelise it), which matters at B·G·(n−1) responses of thousands of tokens per step.
         """
         tok = self.tokenizers[self._check(learner)]
-        out = []
         for traj in trajectories:
             if traj.prompt_id not in prompt_ids:
                 raise KeyError(f"Exchange.views: no learner prompt ids for prompt_id={traj.prompt_id!r}")
-            out.append(build_view(
-                traj, tok, prompt_ids[traj.prompt_id], is_self=traj.source == learner,
-                eos_mode=self.eos_mode, max_prompt_len=self.max_prompt_len,
-                max_response_len=self.max_response_len,
-                same_tokenizer=self.same_tokenizer(traj.source, learner),
-                source_tokenizer=self.tokenizers[self._check(traj.source)],
-                stats=self.stats, learner_name=learner,
+        encoded = self._encode_cross(learner, trajectories)
+        out = []
+        for i, traj in enumerate(trajectories):
+            src = self.tokenizers[self._check(traj.source)]
+            keep = traj.source == learner or self.same_tokenizer(traj.source, learner)
+            response, mismatch = encoded[i] if i in encoded else (list(traj.token_ids), False)
+            out.append(_assemble(
+                traj, tok, prompt_ids[traj.prompt_id], response, mismatch, is_self=traj.source == learner,
+                keep_ids=keep, eos_mode=self.eos_mode, max_prompt_len=self.max_prompt_len,
+                max_response_len=self.max_response_len, source_tokenizer=src, stats=self.stats, learner=learner,
             ))
+        return out
+
+    def _encode_cross(self, learner: str, trajectories: Sequence[Trajectory]) -> dict[int, tuple[list[int], bool]]:
+        """index → (learner content ids, round-trip mismatch) for every record that needs re-encoding."""
+        tok = self.tokenizers[learner]
+        by_source: dict[str, list[int]] = defaultdict(list)
+        for i, traj in enumerate(trajectories):
+            if traj.source != learner and not self.same_tokenizer(traj.source, learner):
+                by_source[traj.source].append(i)
+        out: dict[int, tuple[list[int], bool]] = {}
+        for source, idx in by_source.items():
+            src = self.tokenizers[source]
+            texts = _batch_decode(src, [list(trajectories[i].token_ids) for i in idx])
+            ids = _batch_encode(tok, texts)
+            back = _batch_decode(tok, ids)
+            for i, text, enc, dec in zip(idx, texts, ids, back, strict=True):
+                out[i] = (list(enc), dec != text)
         return out

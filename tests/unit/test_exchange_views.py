@@ -206,3 +206,28 @@ def test_exchange_builds_all_views(toks, tmp_path):
         ex.views("a", trajs, {})
     with pytest.raises(KeyError, match="unknown agent 'z'"):
         ex.views("z", trajs, {"p0": [1]})
+
+
+def test_batched_exchange_equals_build_view(toks):
+    names = sorted(toks)  # char, pair (+ smol when installed)
+    ex = Exchange({n: toks[n] for n in names}, max_prompt_len=64, max_response_len=12)
+    texts = [RESPONSE, " café 1234", " 99+1 = \\boxed{100}"]
+    trajs = [traj(toks[n], text=t, finish=f, source=n) for n in names for t in texts for f in ("eos", "length")]
+    for learner in names:
+        tok = toks[learner]
+        stats = ExchangeStats()
+        expected = [build_view(t, tok, prompt(tok), is_self=t.source == learner, source_tokenizer=toks[t.source],
+                               same_tokenizer=ex.same_tokenizer(t.source, learner), max_prompt_len=64,
+                               max_response_len=12, stats=stats, learner_name=learner) for t in trajs]
+        assert ex.views(learner, trajs, {"p0": prompt(tok)}) == expected
+        for source in names:
+            assert ex.stats.get(source, learner) == stats.get(source, learner)
+
+
+def test_source_len_matches_self_view_under_truncation(toks):
+    tok = toks["char"]
+    for finish in ("eos", "length"):
+        for limit in (3, len(encode_text(tok, RESPONSE)), 64):
+            t = traj(tok, finish=finish, max_response_len=limit)
+            v = build_view(t, tok, prompt(tok), is_self=True, max_prompt_len=64, max_response_len=limit)
+            assert t.source_len == v.response_len, (finish, limit)
