@@ -2,11 +2,13 @@
 
 ``out = engine.generate(prompt_ids, SamplingParams(n=G, temperature=1.0))`` gives ``out[i][j]``,
 sample j of prompt i, as a :class:`Completion` (ids without the ending eos; finish_reason says how
-it ended). After each optimizer step the trainer calls ``engine.load_weights(hf_named_tensors)``.
+it ended). On GPU, :class:`SGLangServer` launches one server per agent partition and
+:class:`SGLangEngine` talks to it. After each optimizer step the trainer calls ``engine.load_weights(hf_named_tensors)``.
 """
 
 from hacrl_megatron.rollout.hf_engine import HFEngine, hf_sequence_logprob
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError
+from hacrl_megatron.rollout.sglang_server import SGLangServer, SGLangServerError
 from hacrl_megatron.rollout.types import COMPLETION_FINISH_REASONS, Completion, RolloutEngine, SamplingParams
 
 __all__ = [
@@ -16,6 +18,8 @@ __all__ = [
     "RolloutEngine",
     "SGLangEngine",
     "SGLangError",
+    "SGLangServer",
+    "SGLangServerError",
     "SamplingParams",
     "hf_sequence_logprob",
 ]

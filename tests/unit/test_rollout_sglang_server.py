@@ -1,0 +1,59 @@
+"""SGLangServer process management, with a stand-in server process (no GPU, no sglang here).
+
+The stand-in is a small Python HTTP server answering /health, launched through ``command=`` —
+the real ``python -m sglang.launch_server`` needs CUDA kernels (research/feasibility.md §5).
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from hacrl_megatron.rollout.sglang_server import SGLangServer, SGLangServerError
+
+STANDIN = (
+    "import http.server, sys\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200 if self.path == '/health' else 404); self.end_headers()\n"
+    "    def log_message(self, *a): pass\n"
+    "print('serving', flush=True)\n"
+    "http.server.HTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+)
+
+
+def test_start_health_restart_stop(tmp_path):
+    server = SGLangServer(None, command=[sys.executable, "-c", STANDIN, "{port}"], log_path=tmp_path / "s.log")
+    with server:
+        assert server.is_running() and server.healthy()
+        first_pid = server.process.pid
+        url = server.restart(timeout=30)
+        assert url == server.base_url and server.healthy() and server.restarts == 1
+        assert server.process.pid != first_pid
+        with pytest.raises(SGLangServerError, match="already running"):
+            server.start()
+    assert not server.is_running() and not server.healthy(timeout=0.5)
+    assert "serving" in (tmp_path / "s.log").read_text()
+    server.stop()  # idempotent
+
+
+def test_failed_start_reports_log(tmp_path):
+    crash = [sys.executable, "-c", "import sys; print('boom: no CUDA'); sys.exit(3)"]
+    server = SGLangServer(None, command=crash, log_path=tmp_path / "c.log")
+    with pytest.raises(SGLangServerError, match=r"(?s)exited with code 3.*boom: no CUDA"):
+        server.start(timeout=30, interval=0.1)
+    assert not server.is_running()
+
+
+def test_command_line_and_validation(tmp_path):
+    s = SGLangServer(tmp_path / "model", port=31000, tp_size=2, gpu_ids=[2, 3], mem_fraction_static=0.5,
+                     extra_args=["--enable-memory-saver"])
+    cmd = s.command_line()
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[3:] == ["--model-path", str(tmp_path / "model"), "--host", "127.0.0.1", "--port", "31000",
+                       "--tp-size", "2", "--mem-fraction-static", "0.5", "--enable-memory-saver"]
+    with pytest.raises(ValueError, match="2 gpu_ids for tp_size=1"):
+        SGLangServer(tmp_path, gpu_ids=[0, 1])
+    with pytest.raises(ValueError, match="model_path is required"):
+        SGLangServer(None)
