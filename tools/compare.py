@@ -310,7 +310,8 @@ def run_result(spec: RunSpec) -> dict:
         curve = [(int(r["step"]), r[key]) for r in rows if key in r]
         if not curve:
             raise CompareError(f"{path}: no {key!r} rows (was evaluation on?)")
-        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if f"{agent.name}/hacpo/cross_clipfrac" in r]
+        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows  # only steps that had cross samples
+                if f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
         agents[agent.name] = {"steps": [s for s, _ in curve], "accuracy": [v for _, v in curve],
                               "start": curve[0][1], "final": curve[-1][1],
                               "cross_clipfrac_mean": sum(clip) / len(clip) if clip else None}
@@ -370,7 +371,18 @@ def markdown_table(summary: dict, agent_names: list[str]) -> str:
             lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a['start'][0]:.3f} | "
                          f"{a['final'][0]:.3f} ± {a['final'][1]:.3f} | {a['delta'][0]:+.3f} ± {a['delta'][1]:.3f} | "
                          f"{a['rollouts']} | {len(entry['seeds'])} |")
+    lines += ["", "| method | wall s per run (mean) | rollout+train s per step | cross clip fraction (per agent) |",
+              "|---|---|---|---|"]
+    for method, entry in summary.items():
+        clip = ", ".join(f"{n} {entry['agents'][n]['cross_clipfrac_mean']:.2f}" for n in agent_names
+                         if entry["agents"][n]["cross_clipfrac_mean"] is not None) or "n/a"
+        lines.append(f"| {METHOD_LABELS.get(method, method)} | {_fmt(entry['wall_s_mean'], '.0f')} | "
+                     f"{_fmt(entry['rollout_train_s_per_step'], '.2f')} | {clip} |")
     return "\n".join(lines) + "\n"
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
