@@ -94,8 +94,9 @@ class HFEngine:
             eta_cutoff=0.0,
             num_beams=1,
         )
-        if not params.greedy:
-            kwargs.update(temperature=float(params.temperature), top_p=float(params.top_p))
+        # Greedy: neutral values keep the model's (unused) sampling defaults from being copied in.
+        kwargs.update(temperature=1.0 if params.greedy else float(params.temperature),
+                      top_p=1.0 if params.greedy else float(params.top_p))
         if params.stop:
             kwargs["stop_strings"] = list(params.stop)
         return GenerationConfig(**kwargs)

@@ -1,0 +1,91 @@
+"""``hacrl eval``: evaluate one or more agents (HF model folders) on benchmarks; one table row each.
+
+    hacrl eval --agent runs/demo/final/a --agent runs/demo/final/b --benchmarks addition gsm8k \\
+        --data gsm8k=data/gsm8k/test.jsonl --max-new-tokens 16 --out runs/demo/eval
+
+Paper protocol (spec §9): ``--benchmarks math500 math gsm8k aime2025 amc23 minerva olympiadbench
+--max-new-tokens 8192`` with greedy avg@1, plus ``--sample --k 30`` for AIME2025's best@30.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+logger = logging.getLogger(__name__)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--data {text!r}: expected NAME=PATH")
+    name, path = text.split("=", 1)
+    return name.strip(), path.strip()
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Register the ``hacrl eval`` flags on ``p``."""
+    p.add_argument("--agent", action="append", required=True,
+                   help="HF model folder (save_pretrained output) or 'smollm2'; repeat for several rows")
+    p.add_argument("--name", action="append", default=None,
+                   help="row name per --agent (default: the folder name)")
+    p.add_argument("--tokenizer", action="append", default=None,
+                   help="tokenizer per --agent (char | pair | smollm2 | folder); one value applies to all; "
+                        "default: the agent folder's own tokenizer")
+    p.add_argument("--benchmarks", nargs="+", required=True,
+                   help="datasets (math math500 gsm8k aime2025 amc23 minerva olympiadbench) and/or "
+                        "procedural tasks (addition arithmetic linear countdown)")
+    p.add_argument("--data", action="append", type=_key_value, default=[], metavar="NAME=PATH",
+                   help="local file or folder of a dataset benchmark (else $HACRL_DATA_DIR/NAME/)")
+    p.add_argument("--k", type=int, default=1, help="k of pass@k and best@k (default 1)")
+    p.add_argument("--n", type=int, default=None, help="samples per problem (default k); n >= k")
+    p.add_argument("--sample", action="store_true", help="sample at --temperature instead of greedy decoding")
+    p.add_argument("--temperature", type=float, default=1.0, help="sampling temperature with --sample")
+    p.add_argument("--max-new-tokens", type=int, default=512, help="response budget (paper: 8192)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many problems per benchmark (procedural default 200)")
+    p.add_argument("--template", default="auto", help="prompt template: auto | chat | plain | a '{question}' string")
+    p.add_argument("--difficulty", type=int, default=2, help="procedural task difficulty")
+    p.add_argument("--task-seed", type=int, default=1234, help="procedural task seed (the training data's seed)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed")
+    p.add_argument("--verifier-workers", type=int, default=0, help="verifier processes (0: in-process)")
+    p.add_argument("--verifier-mode", default="math", help="math (paper's exact match) | math_verify")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
+    p.add_argument("--out", default=None, help="write results.json, results.md and samples.jsonl here")
+
+
+def _per_agent(values: list[str] | None, agents: list[str], flag: str) -> list[str | None]:
+    if not values:
+        return [None] * len(agents)
+    if len(values) == 1:
+        return values * len(agents)
+    if len(values) != len(agents):
+        raise SystemExit(f"hacrl eval: {len(values)} {flag} values for {len(agents)} --agent values")
+    return list(values)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
+    from hacrl_megatron.eval.evaluate import markdown_table, write_results
+    from hacrl_megatron.eval.run import run_eval
+    from hacrl_megatron.reward.pool import VerifierPool
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    names = _per_agent(args.name, args.agent, "--name")
+    if args.name and len(args.name) == 1 and len(args.agent) > 1:
+        raise SystemExit("hacrl eval: give one --name per --agent")
+    tokenizers = _per_agent(args.tokenizer, args.agent, "--tokenizer")
+    paths = dict(args.data)
+    results = []
+    with VerifierPool(num_workers=args.verifier_workers, mode=args.verifier_mode) as verifier:
+        for agent, name, tok in zip(args.agent, names, tokenizers, strict=True):
+            results.append(run_eval(
+                agent, args.benchmarks, paths, args.k, n=args.n, greedy=not args.sample,
+                temperature=args.temperature, max_new_tokens=args.max_new_tokens, limit=args.limit,
+                tokenizer=tok, template=args.template, verifier=verifier, model_name=name, seed=args.seed,
+                difficulty=args.difficulty, task_seed=args.task_seed, dtype=args.dtype,
+            ))
+    print(markdown_table(results), end="")
+    if args.out:
+        for kind, path in write_results(results, args.out).items():
+            logger.info("wrote %s: %s", kind, path)
+    return 0
