@@ -256,6 +256,13 @@ class Exchange:
         self._fingerprints = {name: tokenizer_fingerprint(tok) for name, tok in self.tokenizers.items()}
         self.stats = ExchangeStats()
 
+    def pop_metrics(self, prefix: str = "") -> dict[str, float]:
+        """:meth:`ExchangeStats.as_metrics` of everything recorded since the last call, then reset
+        (one call per step gives per-step numbers)."""
+        out = self.stats.as_metrics(prefix)
+        self.stats.reset()
+        return out
+
     def same_tokenizer(self, a: str, b: str) -> bool:
         return self._fingerprints[self._check(a)] == self._fingerprints[self._check(b)]
 
@@ -265,10 +272,12 @@ class Exchange:
         return name
 
     def views(self, learner: str, trajectories: Sequence[Trajectory],
-              prompt_ids: Mapping[str, Sequence[int]]) -> list[LearnerView]:
+              prompt_ids: Mapping[str, Sequence[int]], *, record_stats: bool = True) -> list[LearnerView]:
         """Learner ``learner``'s view of each trajectory (same order), as :func:`build_view` gives it.
 
-        ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids. Cross records are
+        ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids. ``record_stats``:
+        count these views in :attr:`stats` (pass False for a second pass over the same records,
+        e.g. the old-log-prob forward before the learner batch). Cross records are
         decoded and re-encoded in one batched tokenizer call per source (the Rust tokenizers
         parallelise it), which matters at B·G·(n−1) responses of thousands of tokens per step.
         """
@@ -285,7 +294,8 @@ class Exchange:
             out.append(_assemble(
                 traj, tok, prompt_ids[traj.prompt_id], response, mismatch, is_self=traj.source == learner,
                 keep_ids=keep, eos_mode=self.eos_mode, max_prompt_len=self.max_prompt_len,
-                max_response_len=self.max_response_len, source_tokenizer=src, stats=self.stats, learner=learner,
+                max_response_len=self.max_response_len, source_tokenizer=src,
+                stats=self.stats if record_stats else None, learner=learner,
             ))
         return out
 

@@ -231,3 +231,14 @@ def test_source_len_matches_self_view_under_truncation(toks):
             t = traj(tok, finish=finish, max_response_len=limit)
             v = build_view(t, tok, prompt(tok), is_self=True, max_prompt_len=64, max_response_len=limit)
             assert t.source_len == v.response_len, (finish, limit)
+
+
+def test_exchange_stats_per_step(toks):
+    char, pair = toks["char"], toks["pair"]
+    ex = Exchange({"a": char, "b": pair}, **LIMITS)
+    trajs = [traj(char, source="a"), traj(pair, source="b")]
+    ex.views("a", trajs[:1], {"p0": prompt(char)}, record_stats=False)  # e.g. the old-log-prob pass
+    ex.views("a", trajs, {"p0": prompt(char)})
+    metrics = ex.pop_metrics("step/")
+    assert metrics["step/a/exchange/from_a/n"] == 1.0 and metrics["step/a/exchange/from_b/n"] == 1.0
+    assert ex.pop_metrics() == {}
