@@ -17,8 +17,8 @@ text round-trips exactly; other characters (e.g. ``é``) have no byte tokens and
 encode — the exchange stage counts that as a round-trip mismatch (spec §6 statistics).
 
 Specials: id 0 ``<eos>``, id 1 ``<pad>`` (pad distinct from eos, so padding never looks like a
-stop). No bos. A ChatML-like ``chat_template`` is attached for completeness; the demo formats these
-agents' prompts with the plain ``Q: ... A:`` template instead.
+stop). No bos. No ``chat_template`` on purpose: ``format_prompt(template="auto")`` then gives these
+tiny agents the short plain ``Q: ... A:`` prompt they are warmed up on.
 """
 
 from __future__ import annotations
@@ -36,10 +36,6 @@ EOS_TOKEN = "<eos>"
 PAD_TOKEN = "<pad>"
 # Bump when the vocabulary of a built-in changes, so stale caches are never reused.
 _BUILTIN_VERSION = 1
-_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|{{ message['role'] }}|>\n{{ message['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
-)
 
 
 def default_cache_dir() -> Path:
@@ -111,11 +107,9 @@ def _build_builtin(name: str) -> Any:
 
 def _wrap(tokenizer_file: Path) -> Any:
     transformers = _require_transformers()
-    fast = transformers.PreTrainedTokenizerFast(
+    return transformers.PreTrainedTokenizerFast(
         tokenizer_file=str(tokenizer_file), eos_token=EOS_TOKEN, pad_token=PAD_TOKEN
     )
-    fast.chat_template = _CHAT_TEMPLATE
-    return fast
 
 
 def _load_builtin(name: str, cache_dir: Path) -> Any:

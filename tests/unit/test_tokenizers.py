@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from hacrl_megatron.data import format_prompt
 from hacrl_megatron.exchange.tokenizers import (
     EOS_TOKEN,
     PAD_TOKEN,
@@ -33,6 +34,8 @@ def test_char_and_pair_ids_are_fixed(cache):
     assert (len(char), len(pair)) == (99, 199)
     for tok in (char, pair):
         assert (tok.eos_token, tok.eos_token_id, tok.pad_token, tok.pad_token_id) == (EOS_TOKEN, 0, PAD_TOKEN, 1)
+        assert not tok.chat_template  # format_prompt(template="auto") picks the plain "Q: ... A: " prompt
+        assert format_prompt("1+2=?", tok) == "Q: 1+2=? A: "
 
 
 def test_builtins_round_trip_all_printable_ascii(cache):
