@@ -86,6 +86,22 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
     return HFEngine(model.to(device), tokenizer, max_batch_size=max_batch_size), tokenizer
 
 
+def _resolve_agent(agent: Any, tokenizer: Any | None, model_name: str | None, dtype: str) -> tuple[Any, Any, str]:
+    """(engine, tokenizer object, row name) for a RolloutEngine or an HF model folder."""
+    from hacrl_megatron.rollout.types import RolloutEngine
+
+    if not isinstance(agent, RolloutEngine):
+        engine, tokenizer = load_hf_agent(agent, tokenizer, dtype=dtype)
+        return engine, tokenizer, model_name or Path(str(agent)).name
+    if tokenizer is None:
+        raise ValueError("run_eval: a RolloutEngine agent needs its tokenizer (object or spec)")
+    if isinstance(tokenizer, str):
+        from hacrl_megatron.exchange.tokenizers import load_tokenizer
+
+        tokenizer = load_tokenizer(tokenizer)
+    return agent, tokenizer, model_name or type(agent).__name__
+
+
 def run_eval(
     agent: str | os.PathLike | Any,
     benchmarks: Sequence[str],
@@ -121,19 +137,7 @@ def run_eval(
         verifier: a verifier to reuse; else a ``VerifierPool(verifier_workers, mode=verifier_mode)``
             is created (0 workers scores in this process) and closed afterwards.
     """
-    from hacrl_megatron.rollout.types import RolloutEngine
-
-    if isinstance(agent, RolloutEngine):
-        if tokenizer is None:
-            raise ValueError("run_eval: a RolloutEngine agent needs its tokenizer (object or spec)")
-        if isinstance(tokenizer, str):
-            from hacrl_megatron.exchange.tokenizers import load_tokenizer
-
-            tokenizer = load_tokenizer(tokenizer)
-        engine, name = agent, model_name or type(agent).__name__
-    else:
-        engine, tokenizer = load_hf_agent(agent, tokenizer, dtype=dtype)
-        name = model_name or Path(str(agent)).name
+    engine, tokenizer, name = _resolve_agent(agent, tokenizer, model_name, dtype)
     records = load_eval_records(benchmarks, paths, limit=limit, difficulty=difficulty, task_seed=task_seed)
     own_verifier = verifier is None
     if own_verifier:
