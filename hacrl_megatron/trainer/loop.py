@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from hacrl_megatron.algo import CapabilityTracker, positive_rate
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.sync import check_sync
@@ -45,23 +43,14 @@ class Run:
         return [rt.name for rt in self.runtimes]
 
 
-def _quiet_transformers() -> None:
-    """Silence per-call progress bars of weight loading/saving; our own bar shows progress."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 def setup(exp: ExperimentConfig) -> Run:
     from hacrl_megatron.data import make_task
     from hacrl_megatron.exchange.retokenize import Exchange
     from hacrl_megatron.reward.pool import VerifierPool
     from hacrl_megatron.trainer.pretrain import apply_warmup
-    from hacrl_megatron.trainer.runtime import build_runtime
+    from hacrl_megatron.trainer.runtime import build_runtime, configure_process
 
-    torch.manual_seed(exp.train.seed)
-    _quiet_transformers()
+    configure_process(exp)
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
     runtimes = [build_runtime(exp, i, total_updates) for i in range(len(exp.agents))]
@@ -72,7 +61,7 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode)
-    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed)
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed, path=exp.data.path)
     return Run(exp, runtimes, exchange, tracker, verifier, task, task.eval_set(exp.data.eval_size))
 
 

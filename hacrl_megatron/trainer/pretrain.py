@@ -78,7 +78,7 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) ->
     sft_agent = dataclasses.replace(agent, lr=agent.warmup_sft_lr, init_checkpoint=None)
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
     rt = build_runtime(sft_exp, index, agent.warmup_sft_max_steps, agent_cfg=sft_agent)
-    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1)  # a stream apart from RL's
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path)  # apart from RL
     eval_records = task.eval_set(EVAL_ITEMS)
     start, accuracy, step = time.time(), 0.0, 0
     while step < agent.warmup_sft_max_steps:
@@ -107,7 +107,9 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) ->
 def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
     """Warm up every agent that needs it (cached unless ``force``); returns name → HF checkpoint dir."""
     from hacrl_megatron.reward.pool import VerifierPool
+    from hacrl_megatron.trainer.runtime import configure_process
 
+    configure_process(exp)
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
     out = {}
     with VerifierPool(num_workers=0, mode=exp.train.verifier_mode) as verifier:

@@ -50,6 +50,17 @@ class AgentRuntime:
         return sync_weights(self.agent, self.engine)
 
 
+def configure_process(exp: ExperimentConfig) -> None:
+    """Seed, CPU threads, and quiet per-call progress bars of transformers (our bar shows progress)."""
+    from transformers.utils import logging as hf_logging
+
+    torch.manual_seed(exp.train.seed)
+    if exp.train.cpu_threads and not torch.cuda.is_available():
+        torch.set_num_threads(exp.train.cpu_threads)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> Any:
     """The agent's starting HF model (fp32 on CPU): warm-up checkpoint, HF dir, or seeded random init."""
     from transformers import AutoModelForCausalLM
