@@ -16,14 +16,17 @@ saves must guard its entry point with ``if __name__ == "__main__":`` (console sc
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
+from collections.abc import Iterator
 from typing import Any
 
 from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.provider import ArchSpec
 
 _META = "hacrl_meta"
+_OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
              "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm")
 
@@ -32,7 +35,10 @@ def _sharded_state(model: Any, optimizer: Any, with_optimizer: bool, is_loading:
     model_sd = model.sharded_state_dict()
     state: dict[str, Any] = {"model": model_sd}
     if with_optimizer:
-        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading)
+        # 'fully_reshardable': the distributed optimizer's state is saved in model-parameter space,
+        # so it reloads at another TP/PP/DP layout (mcore's default format is rejected by its own
+        # dist_checkpointing on 0.16: "ShardedTensor.flattened_range is not supported")
+        state["optimizer"] = optimizer.sharded_state_dict(model_sd, is_loading=is_loading, metadata=_OPT_METADATA)
     return state
 
 
@@ -50,8 +56,77 @@ def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     state = _sharded_state(model, optimizer, True, is_loading=False)
     state["scheduler"] = scheduler.state_dict()
     state["updates"] = int(updates)
-    state[_META] = dataclasses.asdict(spec)
+    state[_META] = {**dataclasses.asdict(spec), "distributed_optimizer": _is_distributed(optimizer)}
     dist_checkpointing.save(state, path)
+
+
+def _is_distributed(optimizer: Any) -> bool:
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return any(isinstance(p, DistributedOptimizer) for p in parts)
+
+
+def _materialize_adam_state(optimizer: Any) -> None:
+    """Give a fresh (never stepped) AdamW state to every parameter of a distributed optimizer.
+
+    Without TE/Apex, mcore's ``DistributedOptimizer.state_dict()`` reads torch AdamW's per-parameter
+    ``step``, which exists only after the first update; building the load template of a fresh
+    optimizer would fail. The zeros are overwritten by the loaded state.
+    """
+    import torch
+
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        if inner is None:
+            continue
+        for group in inner.param_groups:
+            for p in group["params"]:
+                if not inner.state[p]:
+                    inner.state[p].update(step=torch.tensor(0.0), exp_avg=torch.zeros_like(p),
+                                          exp_avg_sq=torch.zeros_like(p))
+
+
+@contextlib.contextmanager
+def _torch_adam_step_passthrough() -> Iterator[None]:
+    """Work around mcore's distributed-optimizer load with torch AdamW (no TE/Apex; 0.16 and 0.19).
+
+    ``load_state_dict`` gives every parameter's AdamW state the shared ``step`` tensor, then
+    ``load_parameter_state_from_fully_reshardable`` drops ``step`` from the loaded tensors and
+    ``_set_main_param_and_optimizer_states`` indexes them by every state key: ``KeyError: 'step'``.
+    During the load we hand the parameter's own ``step`` back (copying it onto itself).
+    """
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    original = DistributedOptimizer._set_main_param_and_optimizer_states
+
+    def patched(self: Any, model_param: Any, tensors: dict) -> Any:
+        group_index, group_order = self.model_param_group_index_map[model_param]
+        main = self.optimizer.param_groups[group_index]["params"][group_order]
+        step = self.optimizer.state[main].get("step")
+        if step is not None and "step" not in tensors:
+            tensors = {**tensors, "step": step}
+        return original(self, model_param, tensors)
+
+    DistributedOptimizer._set_main_param_and_optimizer_states = patched
+    try:
+        yield
+    finally:
+        DistributedOptimizer._set_main_param_and_optimizer_states = original
+
+
+def _unshare_adam_steps(optimizer: Any) -> None:
+    """Give every parameter its own AdamW ``step`` tensor after a load.
+
+    mcore's distributed optimizer (no TE/Apex) assigns one shared ``step`` tensor to all parameters;
+    torch AdamW increments ``step`` in place per parameter, so a shared tensor would advance once
+    per parameter per update and corrupt the bias correction.
+    """
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(part, "optimizer", None)
+        for state in (inner.state.values() if inner is not None else ()):
+            if "step" in state and hasattr(state["step"], "clone"):
+                state["step"] = state["step"].clone()
 
 
 def check_compatible(path: str, spec: ArchSpec) -> dict[str, Any]:
@@ -78,10 +153,21 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     from megatron.core import dist_checkpointing
 
     common = check_compatible(path, spec)
+    saved_dist = common[_META].get("distributed_optimizer", False)
+    if with_optimizer and saved_dist != _is_distributed(optimizer):
+        raise CheckpointMismatchError(
+            f"{path}: optimizer state was saved with use_distributed_optimizer={saved_dist}, this agent has "
+            f"use_distributed_optimizer={not saved_dist}; the two formats do not convert (load weights only, or "
+            "set parallel.use_distributed_optimizer to match)"
+        )
+    if with_optimizer and saved_dist:
+        _materialize_adam_state(optimizer)
     template = _sharded_state(model, optimizer, with_optimizer, is_loading=True)
     loaded = dist_checkpointing.load(template, path)
     model.load_state_dict(loaded["model"])
     if with_optimizer:
-        optimizer.load_state_dict(loaded["optimizer"])
+        with _torch_adam_step_passthrough() if saved_dist else contextlib.nullcontext():
+            optimizer.load_state_dict(loaded["optimizer"])
+        _unshare_adam_steps(optimizer)
         scheduler.load_state_dict(common["scheduler"])
     return int(common["updates"]) if with_optimizer else 0

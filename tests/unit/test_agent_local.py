@@ -84,9 +84,10 @@ def test_cosine_schedule_with_warmup():
     assert lrs[-1] == pytest.approx(0.0, abs=1e-12) and lrs[2] > lrs[3] > lrs[4] > lrs[5]
 
 
-def test_save_load_restores_model_optimizer_and_schedule(hf_dirs, tmp_path):
+@pytest.mark.parametrize("dist_opt", [False, True])
+def test_save_load_restores_model_optimizer_and_schedule(hf_dirs, tmp_path, dist_opt):
     _, path = hf_dirs["llama"]
-    agent = LocalAgent(agent_config("llama", path, lr=1e-3), train_config(micro_batch_size=2))
+    agent = LocalAgent(agent_config("llama", path, lr=1e-3, dist_opt=dist_opt), train_config(micro_batch_size=2))
     batch = sample_batch()
     agent.train([batch], sft_loss)
     agent.save(str(tmp_path / "ck"))
