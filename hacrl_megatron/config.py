@@ -82,6 +82,7 @@ class AgentConfig:
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
     warmup_sft_max_steps: int = 2000
     warmup_sft_batch: int = 128  # sequences per warm-up update
+    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang server
 
 
 @dataclass
@@ -95,6 +96,13 @@ class RolloutConfig:
     max_prompt_len: int = 1024
     max_response_len: int = 4096
     eos_mode: str = "learner_eos"  # spec §6: learner_eos | source_eos_text | no_eos
+    # SGLang (engine: sglang): one server per agent, started by the trainer
+    sglang_tp: int = 1  # tensor-parallel size of each agent's server
+    sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
+    sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags
+    weight_sync: str = "disk"  # disk (safetensors folder the server reloads) | tensor (colocated CUDA IPC)
+    sglang_command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
+    # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
 
 
 @dataclass
@@ -411,6 +419,13 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
+    _one_of("rollout.weight_sync", r.weight_sync, ("disk", "tensor"))
+    _rule(r.sglang_tp >= 1, "rollout.sglang_tp", r.sglang_tp, "must be >= 1")
+    _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
+    for i, agent in enumerate(cfg.agents):
+        ids = agent.rollout_gpu_ids
+        _rule(not ids or len(ids) == r.sglang_tp, f"agents.{i}.rollout_gpu_ids", ids,
+              f"needs one GPU per SGLang TP rank (rollout.sglang_tp={r.sglang_tp})")
     _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,
           "G must be >= 2: group baselines need at least two samples")
     _rule(r.temperature > 0, "rollout.temperature", r.temperature, "must be > 0")

@@ -25,11 +25,14 @@ def sync_weights(agent, engine) -> int:
     return engine.load_weights(agent.export_hf_weights())
 
 
-def check_sync(agent, engine, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> float:
+def check_sync(agent, engine, prompt_ids: list[int], response_ids: list[int], temperature: float = 1.0) -> float | None:
     """|engine − trainer| Σ log-prob of ``response_ids`` after ``prompt_ids``; raises WeightSyncError
-    when it exceeds :data:`SYNC_TOLERANCE_PER_TOKEN` per token."""
+    when it exceeds :data:`SYNC_TOLERANCE_PER_TOKEN` per token. Engines without an in-process
+    model (SGLang servers acknowledge each update themselves) return None."""
     from hacrl_megatron.rollout.hf_engine import hf_sequence_logprob
 
+    if getattr(engine, "model", None) is None:
+        return None
     batch = SequenceBatch(
         input_ids=(torch.tensor(list(prompt_ids) + list(response_ids), dtype=torch.long),),
         prompt_lens=torch.tensor([len(prompt_ids)]),

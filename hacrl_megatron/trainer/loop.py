@@ -104,8 +104,9 @@ def train_step(run: Run) -> dict[str, float]:
     for rt in run.runtimes:
         rt.sync_weights()
         response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
-        metrics[f"{rt.name}/sync_logp_diff"] = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question),
-                                                          response, exp.rollout.temperature)
+        diff = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response, exp.rollout.temperature)
+        if diff is not None:
+            metrics[f"{rt.name}/sync_logp_diff"] = diff
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
     lap("sync")
@@ -173,4 +174,6 @@ def train(exp: ExperimentConfig) -> Run:
     finally:
         out.close()
         run.verifier.close()
+        for rt in run.runtimes:
+            rt.close()
     return run

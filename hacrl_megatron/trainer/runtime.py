@@ -28,6 +28,7 @@ class AgentRuntime:
     tokenizer: Any
     agent: Any  # AgentHandle
     engine: Any  # RolloutEngine
+    server: Any = None  # SGLangServer when rollout.engine == "sglang"
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -42,6 +43,10 @@ class AgentRuntime:
             text = format_prompt(question, self.tokenizer, template=self.cfg.prompt_template)
             self._prompt_cache[question] = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         return self._prompt_cache[question]
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (DESIGN: sync/)."""
@@ -99,6 +104,27 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
     return LocalAgent.from_hf_model(cfg, model, train=t, total_updates=total_updates)
 
 
+def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+    """Start this agent's SGLang server on its initial weights and connect an engine (GPU clusters)."""
+    from hacrl_megatron.rollout.sglang_engine import SGLangEngine
+    from hacrl_megatron.rollout.sglang_server import SGLangServer
+
+    r = exp.rollout
+    root = Path(exp.output_dir) / "engines" / cfg.name
+    init_dir = root / "init"
+    model.save_pretrained(init_dir)  # the server needs a folder; also the config source for disk sync
+    tokenizer.save_pretrained(init_dir)
+    command = [a.replace("{model_path}", str(init_dir)) for a in r.sglang_command] or None
+    server = SGLangServer(init_dir, tp_size=r.sglang_tp, gpu_ids=cfg.rollout_gpu_ids or None,
+                          mem_fraction_static=r.sglang_mem_fraction, extra_args=r.sglang_args,
+                          log_path=root / "server.log", command=command)
+    server.start()
+    engine = SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer,
+                          weight_sync=r.weight_sync, sync_dir=root / "synced", base_model_dir=init_dir,
+                          tp_size=r.sglang_tp)
+    return server, engine
+
+
 def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
                   agent_cfg: AgentConfig | None = None) -> AgentRuntime:
     """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
@@ -108,9 +134,10 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
     model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
-    if exp.rollout.engine != "hf":
-        raise ValueError(f"rollout.engine={exp.rollout.engine!r}: the in-process trainer drives HF engines; "
-                         "SGLang engines are started by the cluster launcher (hacrl_megatron.rollout.sglang_engine)")
-    engine = HFEngine(copy.deepcopy(model), tokenizer)
+    server = None
+    if exp.rollout.engine == "sglang":
+        server, engine = start_sglang(exp, cfg, model, tokenizer)
+    else:
+        engine = HFEngine(copy.deepcopy(model), tokenizer)
     agent = build_agent(cfg, model, exp, total_updates)
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine)
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine, server=server)

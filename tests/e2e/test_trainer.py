@@ -135,3 +135,32 @@ def test_full_train_writes_metrics_checkpoints_and_table(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]  # keep=1
     assert "| llama |" in capsys.readouterr().out
     assert run.step == 2
+
+
+def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
+    """`rollout.engine: sglang` on CPU: one server process per agent (a stand-in speaking SGLang's
+    HTTP API, backed by the agent's HF folder), disk weight sync after every step."""
+    import sys
+    from pathlib import Path
+
+    from hacrl_megatron.rollout import HFEngine, SamplingParams
+
+    script = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_server.py"
+    exp = tiny_exp(tmp_path)
+    exp = dataclasses.replace(exp, rollout=dataclasses.replace(
+        exp.rollout, engine="sglang",
+        sglang_command=[sys.executable, str(script), "--model-path", "{model_path}", "--port", "{port}"]))
+    run = loop.setup(exp)
+    try:
+        run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+        for _ in range(2):
+            loop.train_step(run)
+        for rt in run.runtimes:
+            assert rt.engine.weight_version == 2  # one disk sync per step
+            local = HFEngine(rt.agent.model, rt.tokenizer)
+            params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
+            prompt = [rt.prompt_ids("3+4=?")]
+            assert rt.engine.generate(prompt, params)[0][0].token_ids == local.generate(prompt, params)[0][0].token_ids
+    finally:
+        for rt in run.runtimes:
+            rt.close()
