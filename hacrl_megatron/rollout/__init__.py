@@ -7,7 +7,7 @@ it ended). On GPU, :class:`SGLangServer` launches one server per agent partition
 """
 
 from hacrl_megatron.rollout.hf_engine import HFEngine, hf_sequence_logprob
-from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError
+from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError, SGLangUnreachable
 from hacrl_megatron.rollout.sglang_server import SGLangServer, SGLangServerError
 from hacrl_megatron.rollout.types import COMPLETION_FINISH_REASONS, Completion, RolloutEngine, SamplingParams
 
@@ -20,6 +20,7 @@ __all__ = [
     "SGLangError",
     "SGLangServer",
     "SGLangServerError",
+    "SGLangUnreachable",
     "SamplingParams",
     "hf_sequence_logprob",
 ]

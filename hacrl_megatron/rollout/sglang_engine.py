@@ -45,6 +45,10 @@ class SGLangError(RuntimeError):
     """The SGLang server refused or failed a request; the message carries its reply."""
 
 
+class SGLangUnreachable(SGLangError):
+    """No connection to the server (refused, reset): it is down or still starting."""
+
+
 class SGLangEngine:
     """A :class:`~hacrl_megatron.rollout.RolloutEngine` talking to one SGLang server.
 
@@ -59,12 +63,16 @@ class SGLangEngine:
             the synced weights so that ``sync_dir`` is a complete checkpoint.
         tp_size: the server's tensor-parallel size ("tensor" mode sends one payload per rank).
         timeout: seconds per HTTP request.
+        server: the :class:`~hacrl_megatron.rollout.sglang_server.SGLangServer` behind ``base_url``,
+            if this process started it. Then a request that finds the server dead restarts it,
+            reloads the last synced weights ("disk" mode: they are still in ``sync_dir``) and is
+            retried once — a crashed rollout server costs a restart, not the run.
     """
 
     def __init__(self, base_url: str, *, eos_token_id: int, tokenizer: Any | None = None,
                  weight_sync: str = "disk", sync_dir: str | os.PathLike | None = None,
                  base_model_dir: str | os.PathLike | None = None, tp_size: int = 1,
-                 timeout: float = 600.0) -> None:
+                 timeout: float = 600.0, server: Any | None = None) -> None:
         if weight_sync not in WEIGHT_SYNC_MODES:
             raise ValueError(f"SGLangEngine: weight_sync={weight_sync!r} must be one of {list(WEIGHT_SYNC_MODES)}")
         if weight_sync == "disk" and sync_dir is None:
@@ -79,6 +87,8 @@ class SGLangEngine:
         self.base_model_dir = Path(base_model_dir) if base_model_dir is not None else None
         self.tp_size = tp_size
         self.timeout = timeout
+        self.server = server
+        self.restarts = 0
         self.weight_version = 0
         self._tokens = 0
         self._seconds = 0.0
@@ -98,8 +108,35 @@ class SGLangEngine:
             detail = e.read().decode(errors="replace")[:2000]
             raise SGLangError(f"SGLang {method} {path} -> HTTP {e.code}: {detail}") from e
         except urllib.error.URLError as e:
-            raise SGLangError(f"SGLang {method} {path}: cannot reach {self.base_url}: {e.reason}") from e
+            raise SGLangUnreachable(f"SGLang {method} {path}: cannot reach {self.base_url}: {e.reason}") from e
+        except (ConnectionError, TimeoutError) as e:  # reset mid-reply, or no reply within timeout
+            raise SGLangUnreachable(f"SGLang {method} {path}: {type(e).__name__}: {e}") from e
         return json.loads(body) if body else None
+
+    def _request_with_recovery(self, path: str, payload: dict[str, Any], *, restore_weights: bool = True) -> Any:
+        """``_request``; if the server we own has died, restart it, restore weights, retry once.
+
+        ``restore_weights=False`` when the retried request itself pushes the weights.
+        """
+        try:
+            return self._request(path, payload)
+        except SGLangUnreachable:
+            if self.server is None or (self.server.is_running() and self.server.healthy()):
+                raise
+        self._restart_server(restore_weights)
+        return self._request(path, payload)
+
+    def _restart_server(self, restore_weights: bool) -> None:
+        self.server.restart()
+        self.restarts += 1
+        if not restore_weights or self.weight_version == 0:
+            return  # the retried request pushes weights, or the server still has its initial ones
+        if self.weight_sync != "disk":
+            raise SGLangError("SGLang server restarted, but weights pushed as tensors cannot be restored; "
+                              "push the trainer's weights again (load_weights) before generating")
+        path = "/update_weights_from_disk"
+        self._check_reply(path, self._request(path, {"model_path": str(self.sync_dir),
+                                                     "weight_version": str(self.weight_version)}))
 
     def health(self) -> bool:
         """True when ``GET /health`` answers 200."""
@@ -172,7 +209,7 @@ class SGLangEngine:
         payload = {"input_ids": [list(map(int, p)) for p in prompt_token_ids],
                    "sampling_params": self._sampling_params(params)}
         start = time.perf_counter()
-        reply = self._request("/generate", payload)
+        reply = self._request_with_recovery("/generate", payload)
         self._seconds += time.perf_counter() - start
         if isinstance(reply, dict):
             reply = [reply]
@@ -227,17 +264,17 @@ class SGLangEngine:
         save_file(state, str(tmp))
         os.replace(tmp, self.sync_dir / "model.safetensors")
         path = "/update_weights_from_disk"
-        self._check_reply(path, self._request(path, {"model_path": str(self.sync_dir),
-                                                     "weight_version": str(self.weight_version)}))
+        payload = {"model_path": str(self.sync_dir), "weight_version": str(self.weight_version)}
+        self._check_reply(path, self._request_with_recovery(path, payload, restore_weights=False))
 
     def _load_from_tensor(self, tensors: list[tuple[str, Any]]) -> None:
         payload = serialize_named_tensors(tensors)
         path = "/update_weights_from_tensor"
-        self._check_reply(path, self._request(path, {
+        self._check_reply(path, self._request_with_recovery(path, {
             "serialized_named_tensors": [payload] * self.tp_size,
             "flush_cache": True,
             "weight_version": str(self.weight_version),
-        }))
+        }, restore_weights=False))
 
     def stats(self) -> dict[str, Any]:
         """tokens (completion tokens reported by the server), seconds, tokens_per_s, sequences, weight_version."""
@@ -247,6 +284,7 @@ class SGLangEngine:
             "tokens_per_s": self._tokens / self._seconds if self._seconds > 0 else 0.0,
             "sequences": self._sequences,
             "weight_version": self.weight_version,
+            "restarts": self.restarts,
         }
 
 

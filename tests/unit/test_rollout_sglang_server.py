@@ -57,3 +57,55 @@ def test_command_line_and_validation(tmp_path):
         SGLangServer(tmp_path, gpu_ids=[0, 1])
     with pytest.raises(ValueError, match="model_path is required"):
         SGLangServer(None)
+
+
+# A stand-in that also speaks /generate and /update_weights_from_disk: it answers prompt [.., t] with
+# [t+1, t+2] + eos once weights were loaded from disk, and with [t+10] + eos before. It forgets
+# everything when it dies, like a real server.
+GENERATING = (
+    "import http.server, json, sys\n"
+    "state = {'weights': None}\n"
+    "class H(http.server.BaseHTTPRequestHandler):\n"
+    "    def log_message(self, *a): pass\n"
+    "    def _send(self, obj):\n"
+    "        body = json.dumps(obj).encode(); self.send_response(200)\n"
+    "        self.send_header('Content-Length', str(len(body))); self.end_headers(); self.wfile.write(body)\n"
+    "    def do_GET(self):\n"
+    "        self.send_response(200); self.send_header('Content-Length', '0'); self.end_headers()\n"
+    "    def do_POST(self):\n"
+    "        req = json.loads(self.rfile.read(int(self.headers['Content-Length'])))\n"
+    "        if self.path == '/update_weights_from_disk':\n"
+    "            state['weights'] = req['model_path']; return self._send({'success': True, 'message': ''})\n"
+    "        out = []\n"
+    "        for ids in req['input_ids']:\n"
+    "            new = [ids[-1] + 1, ids[-1] + 2] if state['weights'] else [ids[-1] + 10]\n"
+    "            out += [{'text': '', 'output_ids': new + [0],\n"
+    "                     'meta_info': {'finish_reason': {'type': 'stop', 'matched': 0}}}] * req['sampling_params']['n']\n"
+    "        self._send(out)\n"
+    "http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
+)
+
+
+def test_engine_restarts_dead_server_and_restores_disk_weights(tmp_path):
+    import torch
+
+    from hacrl_megatron.rollout import SamplingParams, SGLangEngine, SGLangUnreachable
+
+    server = SGLangServer(None, command=[sys.executable, "-c", GENERATING, "{port}"], log_path=tmp_path / "g.log")
+    with server:
+        engine = SGLangEngine(server.base_url, eos_token_id=0, sync_dir=tmp_path / "sync", server=server)
+        params = SamplingParams(n=2, max_new_tokens=4)
+        assert engine.generate([[5]], params)[0][0].token_ids == (15,)  # initial weights
+        engine.load_weights([("w", torch.ones(2))])
+        synced = engine.generate([[5], [7]], params)
+        assert [c.token_ids for c in synced[1]] == [(8, 9), (8, 9)] and synced[1][0].finish_reason == "eos"
+        server.process.kill()  # our own child: simulate a crash
+        server.process.wait()
+        assert engine.generate([[5], [7]], params) == synced  # restarted, synced weights reloaded
+        assert engine.restarts == 1 and server.restarts == 1 and engine.stats()["restarts"] == 1
+        # without an attached server there is nothing to restart: the error surfaces
+        server.process.kill()
+        server.process.wait()
+        bare = SGLangEngine(server.base_url, eos_token_id=0, sync_dir=tmp_path / "sync", timeout=2)
+        with pytest.raises(SGLangUnreachable, match="cannot reach"):
+            bare.generate([[5]], params)
