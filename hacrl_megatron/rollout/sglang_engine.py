@@ -15,6 +15,10 @@ Standard library only (urllib + json), so it imports on any machine; torch is ne
   ``MultiprocessingSerializer`` format; for CUDA tensors this passes IPC handles, so it is only for a
   server colocated on the same GPUs (the "colocated" sync mode).
 
+With ``server=`` (an :class:`~hacrl_megatron.rollout.sglang_server.SGLangServer` this process
+started), a request that finds the server dead restarts it, reloads the last disk-synced weights
+and is retried once.
+
 Why no CPU test against a real server: SGLang's server needs ``sgl_kernel``, whose CPU build is not
 on PyPI (see research/feasibility.md §5); the unit test drives this client against a small fake
 server on 127.0.0.1 that answers with the same JSON.
