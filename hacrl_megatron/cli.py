@@ -48,7 +48,7 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     for name in preset_names():
         cfg = load_config(name)
         agents = ", ".join(a.name for a in cfg.agents)
-        print(f"{name:28s} {cfg.hacpo.algorithm:8s} agents: {agents}")
+        print(f"{name:38s} {cfg.hacpo.algorithm:8s} agents: {agents}")
     return 0
 
 
