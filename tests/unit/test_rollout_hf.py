@@ -52,6 +52,23 @@ def test_protocol_and_shapes(engine, tok):
     assert stats["tokens_per_s"] > 0
 
 
+def tiny_qwen3(vocab: int, seed: int = 0):
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    cfg = Qwen3Config(vocab_size=vocab, hidden_size=48, num_hidden_layers=1, num_attention_heads=4,
+                      num_key_value_heads=2, head_dim=12, intermediate_size=96, max_position_embeddings=128,
+                      tie_word_embeddings=True, eos_token_id=0, pad_token_id=1, bos_token_id=None,
+                      initializer_range=0.5)
+    torch.manual_seed(seed)
+    return Qwen3ForCausalLM(cfg)
+
+
+def test_greedy_batched_equals_unbatched_qwen3(tok):
+    engine = HFEngine(tiny_qwen3(len(tok)), tok)
+    params = SamplingParams(temperature=0, max_new_tokens=12)
+    assert engine.generate(prompts(tok), params) == [engine.generate([p], params)[0] for p in prompts(tok)]
+
+
 def test_greedy_batched_equals_unbatched(engine, tok):
     params = SamplingParams(temperature=0, max_new_tokens=12)
     batched = engine.generate(prompts(tok), params)  # left-padded to the longest prompt
