@@ -109,6 +109,9 @@ def train_step(run: Run) -> dict[str, float]:
             metrics[f"{rt.name}/sync_logp_diff"] = diff
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
+        metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
+        for key, value in rt.agent.stats().items():
+            metrics[f"{rt.name}/trainer/{key}"] = float(value)
     lap("sync")
     metrics.update(run.exchange.stats.as_metrics())
     run.exchange.stats.reset()  # per-step statistics
