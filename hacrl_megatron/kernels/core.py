@@ -170,15 +170,19 @@ def backward_hidden_weight(backend: ModuleType, hidden: torch.Tensor, weight: to
     if need_weight:
         grad_weight = torch.empty_like(weight)
         grad_weight[vocab:].zero_()
+    dlogits = None  # one [N, V_c] buffer, reused by every slice
     for start in range(0, vocab, width):
         stop = min(start + width, vocab)
         w_chunk = weight[start:stop]
-        dlogits = backend.grad_logits_chunk(hidden, w_chunk, local_targets - start, lse, grad_scale, temperature)
-        dlogits = dlogits.to(gemm_dtype)
+        dlogits = backend.grad_logits_chunk(hidden, w_chunk, local_targets - start, lse, grad_scale, temperature,
+                                            out=dlogits)
+        gemm_in = dlogits.to(gemm_dtype)  # a copy only for the reference's fp32 slice on CUDA half
         if grad_hidden is not None:
-            reference.addmm_acc_(grad_hidden, dlogits, w_chunk.to(gemm_dtype))
-        if grad_weight is not None:
-            grad_weight[start:stop] = reference.matmul_acc(dlogits.t(), hidden_g, acc)
+            reference.addmm_acc_(grad_hidden, gemm_in, w_chunk.to(gemm_dtype))
+        if grad_weight is not None and gemm_dtype == weight.dtype:  # one rounding, straight into dW
+            torch.mm(gemm_in.t(), hidden_g, out=grad_weight[start:stop])
+        elif grad_weight is not None:
+            grad_weight[start:stop] = reference.matmul_acc(gemm_in.t(), hidden_g, acc)
     if grad_hidden is None:
         return None, grad_weight
     return all_reduce_grad_hidden(grad_hidden, group).to(hidden.dtype), grad_weight
@@ -262,9 +266,12 @@ def sequence_logprobs(
         tp_group: tensor-parallel group sharding the vocabulary, or None (unsharded). With a group
             the backward all-reduces dH across it (see ``vocab_parallel.py``).
         impl: "reference" (chunked torch), "triton" (fused kernels), or "auto" (triton on CUDA).
-        chunk_size: tokens per logits chunk; None picks about 2**24 logits per chunk for the
-            reference (see ``default_chunk_size`` of each backend). Extra memory is
-            O(N + chunk_size·V_local) besides the fp32 dH accumulator.
+        chunk_size: tokens per logits chunk, fixed for a run (batch invariance holds for one value).
+            The reference's forward pads N up to whole [chunk_size, V_local] tiles; both backends'
+            backward takes vocab slices [N, ≈chunk_size·V_local/N]. None picks the backend's
+            ``default_chunk_size(V_local)``: about 2**24 logits (at most 512 tokens) per chunk for the
+            reference, 2**27 dlogits for Triton. Extra memory is O(N + chunk_size·V_local) besides
+            the fp32 dH accumulator [N, H].
         vocab_size: the real global vocabulary when ``weight`` carries Megatron's padding rows
             (ids >= vocab_size get no probability and a zero gradient); default: all rows are real.
 

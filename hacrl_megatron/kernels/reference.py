@@ -30,9 +30,17 @@ def acc_dtype_for(dtype: torch.dtype) -> torch.dtype:
     return torch.promote_types(dtype, torch.float32)
 
 
+MAX_DEFAULT_TILE_ROWS = 512
+
+
 def default_chunk_size(local_vocab: int) -> int:
-    """Tokens per forward tile so that one tile of logits holds about 2**24 elements (≥ 16)."""
-    return max(16, (DEFAULT_CHUNK_ELEMENTS // max(local_vocab, 1)) // 16 * 16)
+    """Tokens per forward tile: about 2**24 logits per tile, a multiple of 16 in [16, 512].
+
+    The cap bounds the padding work when N is small (every tile is padded to the full size, see
+    :func:`shard_stats`); 512 rows keep CPU GEMMs efficient (MKL re-packs W on every call).
+    """
+    rows = (DEFAULT_CHUNK_ELEMENTS // max(local_vocab, 1)) // 16 * 16
+    return min(MAX_DEFAULT_TILE_ROWS, max(16, rows))
 
 
 def _half_gemm_on_cuda(a: torch.Tensor) -> bool:
@@ -51,17 +59,29 @@ def _half_gemm_on_cuda(a: torch.Tensor) -> bool:
     return _cuda_out_dtype_mm
 
 
-def matmul_acc(a: torch.Tensor, b: torch.Tensor, acc_dtype: torch.dtype) -> torch.Tensor:
-    """a @ b returned in ``acc_dtype``, accumulated in at least float32.
+def matmul_acc(a: torch.Tensor, b: torch.Tensor, acc_dtype: torch.dtype,
+               out: torch.Tensor | None = None) -> torch.Tensor:
+    """a @ b returned in ``acc_dtype`` (into ``out`` when given), accumulated in at least float32.
 
     Half inputs on CUDA use the tensor cores with an fp32 output (no bf16 rounding of the
     result); elsewhere half operands are upcast (CPU half GEMMs are slow and round their output).
     """
     if a.dtype == acc_dtype and b.dtype == acc_dtype:
-        return a @ b
+        return torch.mm(a, b, out=out)
     if _half_gemm_on_cuda(a) and a.dtype == b.dtype:
-        return torch.mm(a, b, out_dtype=acc_dtype)
-    return a.to(acc_dtype) @ b.to(acc_dtype)
+        return torch.mm(a, b, out_dtype=acc_dtype, out=out)
+    return torch.mm(a.to(acc_dtype), b.to(acc_dtype), out=out)
+
+
+def workspace(buffer: torch.Tensor | None, shape: tuple[int, int], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """A contiguous [rows, cols] view of ``buffer``'s memory when it is large enough, else a new
+    tensor. Re-using one buffer across chunks saves an allocation (and, on CPU, the page faults of
+    a fresh mapping) per chunk, and keeps a single chunk alive at a time."""
+    need = shape[0] * shape[1]
+    if buffer is not None and buffer.dtype == dtype and buffer.numel() >= need:
+        return buffer.view(-1)[:need].view(shape)
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def addmm_acc_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
@@ -102,17 +122,18 @@ def shard_stats(
     out_sum = torch.empty_like(out_max)
     out_tgt = torch.empty_like(out_max)
     tile = None
+    z = torch.empty(chunk_size, vocab, dtype=acc, device=hidden.device)  # the one logits tile
     for start in range(0, n, chunk_size):
         stop = min(start + chunk_size, n)
+        count = stop - start
         rows = hidden[start:stop]
-        if stop - start < chunk_size:  # pad the last tile: same GEMM shape for every tile
+        if count < chunk_size:  # pad the last tile: same GEMM shape for every tile
             tile = hidden.new_zeros(chunk_size, h) if tile is None else tile.zero_()
-            tile[: stop - start] = rows
+            tile[:count] = rows
             rows = tile
-        z = matmul_acc(rows, w_t, acc)  # [chunk_size, V_local]
+        matmul_acc(rows, w_t, acc, out=z)  # [chunk_size, V_local]
         if temperature != 1.0:
             z.div_(temperature)
-        count = stop - start
         tgt = z[:count].gather(1, gather_idx[start:stop, None])[:, 0]
         out_tgt[start:stop] = torch.where(in_shard[start:stop], tgt, torch.zeros_like(tgt))
         z_max = z.amax(dim=1)
@@ -128,19 +149,21 @@ def grad_logits_chunk(
     lse: torch.Tensor,
     grad_scale: torch.Tensor,
     temperature: float,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """dL/dx [N, V_c] for one vocab slice of the raw logits x = h·W_cᵀ (accumulation dtype).
 
     With z = x/T, p = softmax(z) over the global vocab (via the saved ``lse``) and upstream
     gradient w_t = dL/dlogp_t: dL/dx_tv = (w_t/T)·(1[v = y_t] − p_tv). ``grad_scale`` is w/T [N];
-    ``chunk_targets`` is y_t minus the slice's first global id.
+    ``chunk_targets`` is y_t minus the slice's first global id. ``out``: a buffer to reuse (the
+    previous slice's result), see :func:`workspace`.
     """
     acc = lse.dtype
-    z = matmul_acc(hidden, weight_chunk.t(), acc)
+    width = weight_chunk.shape[0]
+    z = matmul_acc(hidden, weight_chunk.t(), acc, out=workspace(out, (hidden.shape[0], width), acc, hidden.device))
     if temperature != 1.0:
         z.div_(temperature)
     grad = z.sub_(lse[:, None]).exp_().mul_(-grad_scale[:, None])  # −(w/T)·p, in place
-    width = weight_chunk.shape[0]
     in_chunk = (chunk_targets >= 0) & (chunk_targets < width)
     onehot = torch.where(in_chunk, grad_scale, torch.zeros_like(grad_scale))
     # one entry per row at most: a scatter-add without duplicate indices is deterministic

@@ -17,13 +17,21 @@ the GEMM dtype; ``core.backward_hidden_weight`` then runs the two GEMMs per slic
 
 from __future__ import annotations
 
+import os
+
 import torch
 import triton
 import triton.language as tl
 
-from hacrl_megatron.kernels.reference import acc_dtype_for
+from hacrl_megatron.kernels.reference import acc_dtype_for, workspace
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+CONFIG_KEYS = ("BLOCK_M", "BLOCK_V", "BLOCK_K", "SPLIT_V", "num_warps", "num_stages")
+# Tuning knob for GPU sessions (benchmarks/bench_logprobs.py --configs): six comma-separated ints
+# in CONFIG_KEYS order. Read per call; keep it fixed within a run, or old and new log-probs differ.
+CONFIG_ENV = "HACRL_LOGPROB_TRITON_CONFIG"
 
 
 def _config(device: torch.device) -> dict[str, int]:
@@ -31,9 +39,16 @@ def _config(device: torch.device) -> dict[str, int]:
 
     Fixed per device kind — choosing them from N would break batch invariance.
     """
-    if device.type == "cuda":
-        return {"BLOCK_M": 128, "BLOCK_V": 128, "BLOCK_K": 64, "SPLIT_V": 8192, "num_warps": 8, "num_stages": 3}
-    return {"BLOCK_M": 16, "BLOCK_V": 32, "BLOCK_K": 16, "SPLIT_V": 128, "num_warps": 4, "num_stages": 1}
+    if device.type != "cuda":
+        return {"BLOCK_M": 16, "BLOCK_V": 32, "BLOCK_K": 16, "SPLIT_V": 128, "num_warps": 4, "num_stages": 1}
+    override = os.environ.get(CONFIG_ENV)
+    if override:
+        values = [int(x) for x in override.split(",")]
+        if len(values) != len(CONFIG_KEYS) or values[3] % values[1] or 128 % values[1]:
+            raise ValueError(f"{CONFIG_ENV}={override!r}: need {len(CONFIG_KEYS)} ints {CONFIG_KEYS}, with "
+                             f"SPLIT_V a multiple of BLOCK_V and BLOCK_V dividing 128")
+        return dict(zip(CONFIG_KEYS, values))
+    return {"BLOCK_M": 128, "BLOCK_V": 128, "BLOCK_K": 64, "SPLIT_V": 8192, "num_warps": 8, "num_stages": 3}
 
 
 # The backward's vocab slices are multiples of this (the CUDA BLOCK_V; also a multiple of 32).
@@ -64,7 +79,7 @@ def _dot_options(t: torch.Tensor) -> dict[str, object]:
 @triton.jit
 def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
                  BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                 PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                 PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr):
     """[BLOCK_M, BLOCK_V] fp32 tile of h·Wᵀ, K reduced in BLOCK_K steps in a fixed order."""
     acc = tl.zeros((BLOCK_M, BLOCK_V), dtype=tl.float32)
     offs_k = tl.arange(0, BLOCK_K)
@@ -72,9 +87,13 @@ def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, str
     w_rows = w_ptr + cols.to(tl.int64)[:, None] * stride_wv
     for k0 in range(0, K, BLOCK_K):
         kk = k0 + offs_k
-        k_mask = kk < K
-        h = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
-        w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
+        if EVEN_K:  # K % BLOCK_K == 0: only rows/columns need masks
+            h = tl.load(h_rows + kk[None, :], mask=row_mask[:, None], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None], other=0.0)
+        else:
+            k_mask = kk < K
+            h = tl.load(h_rows + kk[None, :], mask=row_mask[:, None] & k_mask[None, :], other=0.0)
+            w = tl.load(w_rows + kk[None, :], mask=col_mask[:, None] & k_mask[None, :], other=0.0)
         if UPCAST:
             h = h.to(tl.float32)
             w = w.to(tl.float32)
@@ -86,7 +105,7 @@ def _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, str
 def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K, split_v, temperature,
                         stride_hn, stride_wv,
                         BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -101,7 +120,7 @@ def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K
         cols = v0 + tl.arange(0, BLOCK_V)
         col_mask = cols < v_hi
         z = _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
-                         BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST) / temperature
+                         BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST, EVEN_K) / temperature
         z = tl.where(col_mask[None, :], z, float("-inf"))
         new_max = tl.maximum(run_max, tl.max(z, axis=1))  # finite: every block has a valid column
         run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(z - new_max[:, None]), axis=1)
@@ -117,7 +136,7 @@ def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K
 def _grad_logits_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, scale_ptr, d_ptr, N, V, K, temperature,
                         stride_hn, stride_wv, stride_dn,
                         BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-                        PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+                        PRECISION: tl.constexpr, UPCAST: tl.constexpr, EVEN_K: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_v = tl.program_id(1)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -125,7 +144,7 @@ def _grad_logits_kernel(h_ptr, w_ptr, tgt_ptr, lse_ptr, scale_ptr, d_ptr, N, V, 
     row_mask = rows < N
     col_mask = cols < V
     z = _logits_tile(h_ptr, w_ptr, rows, cols, row_mask, col_mask, K, stride_hn, stride_wv,
-                     BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST) / temperature
+                     BLOCK_M, BLOCK_V, BLOCK_K, PRECISION, UPCAST, EVEN_K) / temperature
     lse = tl.load(lse_ptr + rows, mask=row_mask, other=0.0)
     scale = tl.load(scale_ptr + rows, mask=row_mask, other=0.0)
     tgt = tl.load(tgt_ptr + rows, mask=row_mask, other=-1)
@@ -167,12 +186,14 @@ def shard_stats(hidden: torch.Tensor, weight: torch.Tensor, local_targets: torch
         hidden, weight, local_targets.contiguous(), parts[0], parts[1], parts[2], n, vocab, k, split_v,
         float(temperature), hidden.stride(0), weight.stride(0),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        **_dot_options(hidden), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        EVEN_K=k % cfg["BLOCK_K"] == 0, **_dot_options(hidden),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return _merge_splits(parts[0], parts[1], parts[2])
 
 
 def grad_logits_chunk(hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_targets: torch.Tensor,
-                      lse: torch.Tensor, grad_scale: torch.Tensor, temperature: float) -> torch.Tensor:
+                      lse: torch.Tensor, grad_scale: torch.Tensor, temperature: float,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
     """Same contract as ``reference.grad_logits_chunk``; returns [N, V_c] in the GEMM dtype
     (the input dtype for half inputs on CUDA, float32 otherwise)."""
     hidden, weight_chunk = _contiguous_rows(hidden), _contiguous_rows(weight_chunk)
@@ -180,11 +201,12 @@ def grad_logits_chunk(hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_ta
     width = weight_chunk.shape[0]
     cfg = _config(hidden.device)
     out_dtype = hidden.dtype if hidden.is_cuda else acc_dtype_for(hidden.dtype)
-    dlogits = torch.empty(n, width, dtype=out_dtype, device=hidden.device)
+    dlogits = workspace(out, (n, width), out_dtype, hidden.device)
     grid = (triton.cdiv(n, cfg["BLOCK_M"]), triton.cdiv(width, cfg["BLOCK_V"]))
     _grad_logits_kernel[grid](
         hidden, weight_chunk, chunk_targets.contiguous(), lse.contiguous(), grad_scale.contiguous(), dlogits,
         n, width, k, float(temperature), hidden.stride(0), weight_chunk.stride(0), dlogits.stride(0),
         BLOCK_M=cfg["BLOCK_M"], BLOCK_V=cfg["BLOCK_V"], BLOCK_K=cfg["BLOCK_K"],
-        **_dot_options(hidden), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        EVEN_K=k % cfg["BLOCK_K"] == 0, **_dot_options(hidden),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dlogits
