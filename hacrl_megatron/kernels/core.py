@@ -209,10 +209,12 @@ def prepare(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, c
     shard = vocab_shard(weight.shape[0], tp_group, vocab_size)
     real_vocab = shard.global_size if vocab_size is None else vocab_size
     seq_len = validate_inputs(hidden, weight, targets, cu_seqlens, temperature, chunk_size, shard, real_vocab)
+    if backend is not reference and impl == "auto" and hidden.dtype not in backend.SUPPORTED_DTYPES:
+        backend = reference  # auto: float64 goes to the reference instead of failing
+    if hasattr(backend, "check_supported"):  # an explicit impl="triton" rejects float64 with advice
+        backend.check_supported(hidden, weight)
     if chunk_size is None:
         chunk_size = backend.default_chunk_size(weight.shape[0])
-    if hasattr(backend, "check_supported"):  # the Triton backend rejects float64 and odd layouts
-        backend.check_supported(hidden, weight)
     return KernelOptions(backend, float(temperature), chunk_size, tp_group, shard), seq_len
 
 

@@ -49,11 +49,13 @@ def _half_gemm_on_cuda(a: torch.Tensor) -> bool:
     if not (a.is_cuda and a.dtype in HALF_DTYPES):
         return False
     if _cuda_out_dtype_mm is None:
-        try:
+        try:  # exactly the two forms used below, with their ``out=`` buffers
             probe = torch.ones(16, 16, device=a.device, dtype=a.dtype)
-            acc = torch.zeros(16, 16, device=a.device, dtype=torch.float32)
-            torch.addmm(acc, probe, probe, out_dtype=torch.float32)
-            _cuda_out_dtype_mm = torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+            acc = torch.ones(16, 16, device=a.device, dtype=torch.float32)
+            torch.addmm(acc, probe, probe, out_dtype=torch.float32, out=acc)
+            buf = torch.empty(16, 16, device=a.device, dtype=torch.float32)
+            torch.mm(probe, probe, out_dtype=torch.float32, out=buf)
+            _cuda_out_dtype_mm = bool((acc == 17).all() and (buf == 16).all())
         except (RuntimeError, TypeError):
             _cuda_out_dtype_mm = False
     return _cuda_out_dtype_mm
