@@ -8,7 +8,7 @@ agent makes the same number of optimizer updates under every method; only the ro
 (GSPO×2 samples 2G responses per prompt, spec §8). Runs of one seed share one SFT warm-up
 checkpoint: the warm-up cache key (trainer/pretrain.py ``warmup_dir``) covers ``train.seed`` and the
 agent configs but not ``hacpo.algorithm`` — checked before anything runs. Warm-ups run first, one
-task per (seed, agent), then the RL runs, at most ``--jobs`` processes at a time, each with one
+task per seed (``pretrain_all``), then the RL runs, at most ``--jobs`` processes at a time, each with one
 torch thread. Each run lives in ``OUT/<method>-seed<seed>/``; a run whose ``metrics.jsonl`` reaches
 the final step and which has ``done.json`` is skipped on a re-run, an interrupted one resumes from
 its last checkpoint.
@@ -162,33 +162,25 @@ def claim_dir(spec: RunSpec) -> None:
 
 
 def run_task(task: dict) -> None:
-    """Execute one task dict: {"kind": "warmup", preset, overrides, agent} or {"kind": "train", ...}."""
+    """Execute one task dict: {"kind": "warmup", preset, overrides, seed} or {"kind": "train", ...}."""
     import torch
 
     torch.set_num_threads(1)  # the comparison shares few cores between parallel runs
     exp = load_config(task["preset"], task["overrides"])
     if task["kind"] == "warmup":
-        _warm_up(exp, task["agent"])
+        _warm_up(exp)
     elif task["kind"] == "train":
         _train(exp, Path(task["out_dir"]), task["method"], task["seed"])
     else:
         raise CompareError(f"task kind {task['kind']!r}: expected 'warmup' or 'train'")
 
 
-def _warm_up(exp: ExperimentConfig, index: int) -> None:
-    import dataclasses
+def _warm_up(exp: ExperimentConfig) -> None:
+    """Warm up every agent of ``exp`` that needs it, through the trainer's own cached entry point."""
+    from hacrl_megatron.trainer.pretrain import pretrain_all
 
-    from hacrl_megatron.reward.pool import VerifierPool
-    from hacrl_megatron.trainer.pretrain import warm_up_agent, warmup_dir
-
-    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
-    target = warmup_dir(exp, index)
-    if (target / "warmup.json").exists():
-        return
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode) as verifier:
-        info = warm_up_agent(exp, index, target, verifier)
-    print(f"[warm-up {exp.agents[index].name}] {info}", flush=True)
+    for name, path in pretrain_all(exp).items():
+        print(f"[warm-up {name}] checkpoint {path}", flush=True)
 
 
 def _train(exp: ExperimentConfig, out_dir: Path, method: str, seed: int) -> None:
@@ -202,17 +194,16 @@ def _train(exp: ExperimentConfig, out_dir: Path, method: str, seed: int) -> None
 
 
 def _task_dicts(preset: str, specs: list[RunSpec], warm: dict[int, list[Path | None]]) -> list[tuple[dict, Path]]:
-    """Warm-up tasks first (one per seed and agent that still needs one), then training tasks."""
+    """Warm-up tasks first (one per seed that still lacks a checkpoint), then training tasks."""
     tasks = []
     first_of_seed = {}
     for spec in specs:
         first_of_seed.setdefault(spec.seed, spec)
     for seed, dirs in warm.items():
-        spec = first_of_seed[seed]
-        for i, d in enumerate(dirs):
-            if d is not None and not (d / "warmup.json").exists():
-                task = {"kind": "warmup", "preset": preset, "overrides": spec.overrides, "agent": i, "seed": seed}
-                tasks.append((task, spec.out_dir.parent / f"warmup-seed{seed}-{spec.exp.agents[i].name}.log"))
+        if any(d is not None and not (d / "warmup.json").exists() for d in dirs):
+            spec = first_of_seed[seed]
+            task = {"kind": "warmup", "preset": preset, "overrides": spec.overrides, "seed": seed}
+            tasks.append((task, spec.out_dir.parent / f"warmup-seed{seed}.log"))
     for spec in specs:
         if is_done(spec):
             print(f"[compare] {spec.name}: finished earlier, skipped", flush=True)
@@ -282,7 +273,7 @@ def _run_logged(task: dict, log: Path) -> None:
 
 def _label(task: dict) -> str:
     if task["kind"] == "warmup":
-        return f"warm-up seed {task['seed']} agent {task['agent']}"
+        return f"warm-up seed {task['seed']}"
     return f"{task['method']} seed {task['seed']}"
 
 

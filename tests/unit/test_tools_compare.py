@@ -105,6 +105,13 @@ def test_methods_of_a_seed_share_the_warmup_checkpoint(tmp_path, monkeypatch):
         assert len(dirs) == 2 and all(d is not None and d.parent == tmp_path / "cache" / "warmup" for d in dirs)
         assert all(cmp.warmup_dirs(s) == dirs for s in specs if s.seed == seed)
     assert warm[0] != warm[1]  # the key includes train.seed
+    tasks = [t for t, _ in cmp._task_dicts("cpu_demo", specs, warm)]
+    assert [(t["kind"], t["seed"]) for t in tasks[:2]] == [("warmup", 0), ("warmup", 1)]  # one per seed, first
+    assert [(t["method"], t["seed"]) for t in tasks[2:]] == [(s.method, s.seed) for s in specs]
+    for d in warm[0]:  # seed 0 cached: only seed 1 still needs a warm-up task
+        d.mkdir(parents=True)
+        (d / "warmup.json").write_text("{}")
+    assert [t["seed"] for t, _ in cmp._task_dicts("cpu_demo", specs, warm) if t["kind"] == "warmup"] == [1]
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path):
