@@ -199,8 +199,9 @@ def _task_dicts(preset: str, specs: list[RunSpec], warm: dict[int, list[Path | N
     first_of_seed = {}
     for spec in specs:
         first_of_seed.setdefault(spec.seed, spec)
+    todo = [spec for spec in specs if not is_done(spec)]
     for seed, dirs in warm.items():
-        if any(d is not None and not (d / "warmup.json").exists() for d in dirs):
+        if any(s.seed == seed for s in todo) and any(d is not None and not (d / "warmup.json").exists() for d in dirs):
             spec = first_of_seed[seed]
             task = {"kind": "warmup", "preset": preset, "overrides": spec.overrides, "seed": seed}
             tasks.append((task, spec.out_dir.parent / f"warmup-seed{seed}.log"))
@@ -301,11 +302,13 @@ def run_result(spec: RunSpec) -> dict:
         curve = [(int(r["step"]), r[key]) for r in rows if key in r]
         if not curve:
             raise CompareError(f"{path}: no {key!r} rows (was evaluation on?)")
-        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows  # only steps that had cross samples
-                if f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
+        # the cross window exists only in HACPO (Naive clips cross samples with the self clip, spec §8)
+        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if spec.method == "hacpo"
+                and f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
+        self_clip = [r[f"{agent.name}/hacpo/self_clipfrac"] for r in rows if f"{agent.name}/hacpo/self_clipfrac" in r]
         agents[agent.name] = {"steps": [s for s, _ in curve], "accuracy": [v for _, v in curve],
                               "start": curve[0][1], "final": curve[-1][1],
-                              "cross_clipfrac_mean": sum(clip) / len(clip) if clip else None}
+                              "cross_clipfrac_mean": _mean_or_none(clip), "self_clipfrac_mean": _mean_or_none(self_clip)}
     step_times = [r["time/rollout_s"] + r["time/train_s"] for r in rows if "time/train_s" in r]
     return {"method": spec.method, "seed": spec.seed, "final_step": int(rows[-1]["step"]),
             "rollouts_per_agent": rollouts_per_agent(spec.exp), "wall_s": done.get("wall_s"),
@@ -339,6 +342,7 @@ def summarise(results: list[dict], methods: list[str], agent_names: list[str]) -
                 "rollouts": mine[0]["rollouts_per_agent"],
                 "curve_steps": steps, "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
                 "cross_clipfrac_mean": _mean_or_none([r["agents"][name]["cross_clipfrac_mean"] for r in mine]),
+                "self_clipfrac_mean": _mean_or_none([r["agents"][name]["self_clipfrac_mean"] for r in mine]),
             }
         wall = [r["wall_s"] for r in mine if r["wall_s"] is not None]
         sps = [r["rollout_train_s_per_step"] for r in mine if r["rollout_train_s_per_step"] is not None]
@@ -362,13 +366,15 @@ def markdown_table(summary: dict, agent_names: list[str]) -> str:
             lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a['start'][0]:.3f} | "
                          f"{a['final'][0]:.3f} ± {a['final'][1]:.3f} | {a['delta'][0]:+.3f} ± {a['delta'][1]:.3f} | "
                          f"{a['rollouts']} | {len(entry['seeds'])} |")
-    lines += ["", "| method | wall s per run (mean) | rollout+train s per step | cross clip fraction (per agent) |",
-              "|---|---|---|---|"]
+    lines += ["", "| method | wall s per run (mean) | rollout+train s per step | self clip fraction | "
+              "cross clip fraction |", "|---|---|---|---|---|"]
     for method, entry in summary.items():
-        clip = ", ".join(f"{n} {entry['agents'][n]['cross_clipfrac_mean']:.2f}" for n in agent_names
-                         if entry["agents"][n]["cross_clipfrac_mean"] is not None) or "n/a"
+        clips = []
+        for key in ("self_clipfrac_mean", "cross_clipfrac_mean"):
+            values = [f"{n} {entry['agents'][n][key]:.2f}" for n in agent_names if entry["agents"][n][key] is not None]
+            clips.append(", ".join(values) or "n/a")
         lines.append(f"| {METHOD_LABELS.get(method, method)} | {_fmt(entry['wall_s_mean'], '.0f')} | "
-                     f"{_fmt(entry['rollout_train_s_per_step'], '.2f')} | {clip} |")
+                     f"{_fmt(entry['rollout_train_s_per_step'], '.2f')} | {clips[0]} | {clips[1]} |")
     return "\n".join(lines) + "\n"
 
 

@@ -112,6 +112,11 @@ def test_methods_of_a_seed_share_the_warmup_checkpoint(tmp_path, monkeypatch):
         d.mkdir(parents=True)
         (d / "warmup.json").write_text("{}")
     assert [t["seed"] for t, _ in cmp._task_dicts("cpu_demo", specs, warm) if t["kind"] == "warmup"] == [1]
+    for spec in specs:  # seed 1 finished (e.g. a re-run for the table): neither warm-up nor training again
+        if spec.seed == 1:
+            (spec.out_dir / "done.json").write_text("{}")
+            (spec.out_dir / "metrics.jsonl").write_text(json.dumps({"step": spec.exp.train.steps}) + "\n")
+    assert {t["seed"] for t, _ in cmp._task_dicts("cpu_demo", specs, warm)} == {0}
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path):
