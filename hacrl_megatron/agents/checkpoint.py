@@ -10,8 +10,8 @@ Atomicity: :func:`save_checkpoint` writes into the directory it is given. The tr
 joint checkpoint of all agents into a temporary directory and renames the whole directory when
 every agent has finished, so a crash never leaves a half-written checkpoint behind.
 
-Note: megatron's ``torch_dist`` writer starts a ``spawn`` multiprocessing Manager, so a script that
-saves must guard its entry point with ``if __name__ == "__main__":`` (console scripts and pytest do).
+Saves are synchronous; see :func:`_in_process_results_queue` for why no multiprocessing Manager
+is started (scripts need no ``if __name__ == "__main__"`` guard).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.provider import ArchSpec
 
 _META = "hacrl_meta"
+_HF_CONFIG = "hf_config"
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
              "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm")
@@ -42,10 +43,13 @@ def _sharded_state(model: Any, optimizer: Any, with_optimizer: bool, is_loading:
     return state
 
 
-def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, updates: int) -> None:
-    """Write model + optimizer + scheduler + update count under ``path`` (created if missing).
+def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, updates: int,
+                    hf_config: Any = None) -> None:
+    """Write model (+ optimizer + scheduler when given) + update count under ``path`` (created if missing).
 
-    Collective: every rank of the agent calls it.
+    ``hf_config`` (a transformers config) is stored too, so the checkpoint can be exported to an HF
+    directory without the original model (``hacrl convert --from-megatron``). Collective: every rank
+    of the agent calls it.
     """
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
@@ -53,11 +57,48 @@ def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     if dist.get_rank() == 0:
         os.makedirs(path, exist_ok=True)
     dist.barrier()
-    state = _sharded_state(model, optimizer, True, is_loading=False)
-    state["scheduler"] = scheduler.state_dict()
+    # a never-stepped optimizer has no state: save none, and restore a fresh optimizer on load
+    stepped = optimizer is not None and _has_state(optimizer)
+    state = _sharded_state(model, optimizer, stepped, is_loading=False)
+    if scheduler is not None:
+        state["scheduler"] = scheduler.state_dict()
     state["updates"] = int(updates)
-    state[_META] = {**dataclasses.asdict(spec), "distributed_optimizer": _is_distributed(optimizer)}
+    state[_META] = {**dataclasses.asdict(spec), "distributed_optimizer": optimizer is not None and _is_distributed(optimizer),
+                    "has_optimizer": optimizer is not None, "optimizer_stepped": stepped}
+    if hf_config is not None:
+        state[_HF_CONFIG] = hf_config.to_dict()
+    _in_process_results_queue()
     dist_checkpointing.save(state, path)
+
+
+def _in_process_results_queue() -> None:
+    """Let megatron's synchronous ``torch_dist`` writer collect results in a plain in-process queue.
+
+    By default it creates a ``spawn``-context multiprocessing Manager for that queue, which starts
+    a fresh interpreter (seconds on a loaded CPU box) and re-imports the caller's ``__main__``, so
+    scripts without an ``if __name__ == "__main__"`` guard would recurse. Synchronous saves only
+    touch the queue from this process (the forked writers report through their own queue), so a
+    ``queue.Queue`` is equivalent. Async saves (not used here) would need the Manager.
+    """
+    import queue
+
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if getattr(filesystem_async, "_results_queue", None) is None:
+        filesystem_async._results_queue = queue.Queue()
+
+
+def read_meta(path: str) -> tuple[ArchSpec, Any]:
+    """(ArchSpec, HF config or None) stored in a checkpoint, without loading tensors."""
+    common = _common(path)
+    meta = {k: v for k, v in common[_META].items() if k in {f.name for f in dataclasses.fields(ArchSpec)}}
+    hf_dict = common.get(_HF_CONFIG)
+    hf_config = None
+    if hf_dict is not None:
+        from transformers import CONFIG_MAPPING
+
+        hf_config = CONFIG_MAPPING[hf_dict["model_type"]].from_dict(hf_dict)
+    return ArchSpec(**meta), hf_config
 
 
 def _is_distributed(optimizer: Any) -> bool:
@@ -68,11 +109,12 @@ def _is_distributed(optimizer: Any) -> bool:
 
 
 def _materialize_adam_state(optimizer: Any) -> None:
-    """Give a fresh (never stepped) AdamW state to every parameter of a distributed optimizer.
+    """Give the never-stepped AdamW state (step 0, zero moments) to parameters that have none yet.
 
-    Without TE/Apex, mcore's ``DistributedOptimizer.state_dict()`` reads torch AdamW's per-parameter
-    ``step``, which exists only after the first update; building the load template of a fresh
-    optimizer would fail. The zeros are overwritten by the loaded state.
+    torch AdamW creates its state at the first update; until then (a) a save writes no optimizer
+    tensors, so loading it later fails, and (b) without TE/Apex mcore's
+    ``DistributedOptimizer.state_dict()`` reads the per-parameter ``step`` and fails. Zero moments
+    with step 0 are exactly what the first update would have created.
     """
     import torch
 
@@ -129,16 +171,21 @@ def _unshare_adam_steps(optimizer: Any) -> None:
                 state["step"] = state["step"].clone()
 
 
-def check_compatible(path: str, spec: ArchSpec) -> dict[str, Any]:
-    """Read the checkpoint's common state and raise :class:`CheckpointMismatchError` if its model differs."""
+def _common(path: str) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
     common = dist_checkpointing.load_common_state_dict(path)
-    meta = common.get(_META)
-    if meta is None:
+    if _META not in common:
         raise CheckpointMismatchError(f"{path}: not an hacrl agent checkpoint (no {_META!r} entry)")
+    return common
+
+
+def check_compatible(path: str, spec: ArchSpec) -> dict[str, Any]:
+    """Read the checkpoint's common state and raise :class:`CheckpointMismatchError` if its model differs."""
+    common = _common(path)
+    meta = common[_META]
     diffs = [f"{k}: checkpoint {meta.get(k)!r} vs model {getattr(spec, k)!r}" for k in _COMPARED if meta.get(k) != getattr(spec, k)]
     if diffs:
         raise CheckpointMismatchError(f"{path} holds a different model ({meta.get('arch')}): " + "; ".join(diffs))
@@ -149,25 +196,48 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     """Restore what :func:`save_checkpoint` wrote (at any TP/PP layout); returns the update count.
 
     ``with_optimizer=False`` loads the weights only (e.g. to start RL from an SFT checkpoint).
+    A checkpoint saved before the first update restores a fresh optimizer (it has no state).
     """
     from megatron.core import dist_checkpointing
 
     common = check_compatible(path, spec)
-    saved_dist = common[_META].get("distributed_optimizer", False)
+    meta = common[_META]
+    if with_optimizer and not meta.get("has_optimizer", True):
+        raise CheckpointMismatchError(f"{path}: holds model weights only (no optimizer state); load it as init_checkpoint")
+    saved_dist = meta.get("distributed_optimizer", False)
     if with_optimizer and saved_dist != _is_distributed(optimizer):
         raise CheckpointMismatchError(
             f"{path}: optimizer state was saved with use_distributed_optimizer={saved_dist}, this agent has "
             f"use_distributed_optimizer={not saved_dist}; the two formats do not convert (load weights only, or "
             "set parallel.use_distributed_optimizer to match)"
         )
-    if with_optimizer and saved_dist:
+    restore_state = with_optimizer and meta.get("optimizer_stepped", True)
+    if restore_state and saved_dist:
         _materialize_adam_state(optimizer)
-    template = _sharded_state(model, optimizer, with_optimizer, is_loading=True)
+    template = _sharded_state(model, optimizer, restore_state, is_loading=True)
     loaded = dist_checkpointing.load(template, path)
     model.load_state_dict(loaded["model"])
-    if with_optimizer:
+    if restore_state:
         with _torch_adam_step_passthrough() if saved_dist else contextlib.nullcontext():
             optimizer.load_state_dict(loaded["optimizer"])
         _unshare_adam_steps(optimizer)
+    elif optimizer is not None:
+        _reset_optimizer(optimizer, fresh=with_optimizer)
+    if with_optimizer:
         scheduler.load_state_dict(common["scheduler"])
     return int(common["updates"]) if with_optimizer else 0
+
+
+def _has_state(optimizer: Any) -> bool:
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return any(len(getattr(p, "optimizer", p).state) > 0 for p in parts)
+
+
+def _reset_optimizer(optimizer: Any, fresh: bool) -> None:
+    """After a weights-only load: copy the new weights into the optimizer's main parameters (mixed
+    precision / distributed optimizer) and, for ``fresh``, drop any Adam state (never stepped)."""
+    for part in getattr(optimizer, "chained_optimizers", [optimizer]):
+        if fresh and getattr(part, "optimizer", None) is not None:
+            part.optimizer.state.clear()
+        if hasattr(part, "reload_model_params"):
+            part.reload_model_params()

@@ -25,8 +25,8 @@ from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.engine import MicroBatch, dp_slice, run_schedule, split_micro_batches
 from hacrl_megatron.models import convert
-from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
+from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
 from hacrl_megatron.models.parallel import init_parallel
 from hacrl_megatron.models.provider import (
     ArchSpec,
@@ -242,7 +242,8 @@ class LocalAgent:
     def save(self, path: str) -> None:
         """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""
         enable_cpu_compat()
-        ckpt.save_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates)
+        ckpt.save_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates,
+                             hf_config=self.hf_config)
 
     def load(self, path: str) -> None:
         """Restore :meth:`save`'s state, possibly written at another TP/PP layout."""

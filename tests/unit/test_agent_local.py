@@ -138,3 +138,20 @@ def test_from_hf_model_and_init_checkpoint(hf_dirs, tmp_path):
     cfg.init_checkpoint = path  # an HF directory as the starting point
     same, _ = LocalAgent(cfg, train_config()).sequence_logprobs(batch)
     torch.testing.assert_close(same, ref, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dist_opt", [False, True])
+def test_checkpoint_before_the_first_update_restores_a_fresh_optimizer(hf_dirs, tmp_path, dist_opt):
+    _, path = hf_dirs["llama"]
+    batch = sample_batch()
+    agent = LocalAgent(agent_config("llama", path, dist_opt=dist_opt), train_config())
+    agent.save(str(tmp_path / "fresh"))
+    first = {n: t.clone() for n, t in agent.export_hf_weights()}
+    agent.train([batch], sft_loss)
+    expected = {n: t.clone() for n, t in agent.export_hf_weights()}
+    agent.train([batch], sft_loss)
+    agent.load(str(tmp_path / "fresh"))
+    assert agent.updates == 0 and all(torch.equal(t, first[n]) for n, t in agent.export_hf_weights())
+    agent.train([batch], sft_loss)
+    for n, t in agent.export_hf_weights():
+        assert torch.equal(t, expected[n]), n

@@ -1,0 +1,156 @@
+"""``hacrl convert``: HF directory / GGUF ↔ Megatron distributed checkpoint, at any TP/PP.
+
+Examples::
+
+    hacrl convert --from-hf smollm2 --to-megatron ckpt/smollm2_tp2 --tp 2      # spawns 2 gloo ranks on CPU
+    hacrl convert --from-hf ./pkg --gguf-file model.gguf --to-hf ./hf_model     # GGUF -> plain HF folder
+    hacrl convert --from-megatron ckpt/smollm2_tp2 --to-hf ./smollm2_hf         # back, loadable by transformers
+
+The model is built at ``--tp``/``--pp`` (spawning that many local processes unless the command runs
+under torchrun already), loaded tensor by tensor, and written out: as a model-only Megatron
+checkpoint (usable as an agent's ``init_checkpoint``) or as ``config.json`` + safetensors shards.
+Megatron checkpoints written by an agent's ``save`` also convert (their optimizer state is skipped).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import time
+from typing import Any
+
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+                    "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Arguments of ``hacrl convert`` (the CLI's hook)."""
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--from-hf", metavar="DIR", help="HF model directory (safetensors), or 'smollm2'")
+    src.add_argument("--from-megatron", metavar="DIR", help="Megatron checkpoint written by this command or an agent")
+    p.add_argument("--gguf-file", help="GGUF file inside --from-hf (dequantised to --dtype)")
+    dst = p.add_mutually_exclusive_group(required=True)
+    dst.add_argument("--to-megatron", metavar="DIR", help="write a model-only Megatron dist checkpoint")
+    dst.add_argument("--to-hf", metavar="DIR", help="write config.json + safetensors (save_pretrained layout)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the conversion world")
+    p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the conversion world")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
+                   help="parameter dtype (default: the source's)")
+    p.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors shard size for --to-hf")
+
+
+def add_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``convert`` on an ``argparse`` sub-parser collection."""
+    p = subparsers.add_parser("convert", help="convert HF/GGUF checkpoints to Megatron and back", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    p.set_defaults(func=main)
+    return p
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the conversion; returns a process exit code (0 on success)."""
+    if args.tp < 1 or args.pp < 1:
+        print(f"hacrl convert: --tp={args.tp} and --pp={args.pp} must be >= 1", file=sys.stderr)
+        return 2
+    if args.gguf_file and not args.from_hf:
+        print("hacrl convert: --gguf-file needs --from-hf DIR (the folder that holds the GGUF)", file=sys.stderr)
+        return 2
+    world = args.tp * args.pp
+    t0 = time.perf_counter()
+    if not args.gguf_file:  # fail before spawning: layout and source problems named up front
+        from hacrl_megatron.models.provider import validate_layout
+
+        validate_layout(_source(vars(args))[0], args.tp, args.pp)
+    if world > 1 and "WORLD_SIZE" not in os.environ:
+        import torch.multiprocessing as mp
+
+        from hacrl_megatron.models.parallel import free_port
+
+        mp.spawn(_spawned, args=(world, free_port(), vars(args)), nprocs=world, join=True)
+    else:
+        convert_in_world(vars(args))
+    out = args.to_megatron or args.to_hf
+    print(f"hacrl convert: wrote {out} in {time.perf_counter() - t0:.1f} s (tp={args.tp}, pp={args.pp})")
+    return 0
+
+
+def _spawned(rank: int, world: int, port: int, opts: dict) -> None:
+    import torch
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank))
+    torch.set_num_threads(1)
+    convert_in_world(opts)
+
+
+def _source(opts: dict) -> tuple[Any, Any, Any, str | None]:
+    """(ArchSpec, HF config, HF tensor source or None, Megatron checkpoint or None)."""
+    from hacrl_megatron.agents.checkpoint import read_meta
+    from hacrl_megatron.models.hf_io import open_hf_model
+    from hacrl_megatron.models.provider import arch_from_hf
+
+    if opts["from_hf"]:
+        hf_config, source = open_hf_model(opts["from_hf"], opts.get("gguf_file"))
+        return arch_from_hf(hf_config, dtype=opts.get("dtype")), hf_config, source, None
+    spec, hf_config = read_meta(opts["from_megatron"])
+    if hf_config is None:
+        raise ValueError(f"{opts['from_megatron']}: checkpoint has no HF config stored; cannot convert it")
+    if opts.get("dtype"):
+        import dataclasses
+
+        spec = dataclasses.replace(spec, dtype=opts["dtype"])
+    return spec, hf_config, None, opts["from_megatron"]
+
+
+def convert_in_world(opts: dict) -> None:
+    """Every rank: build the model at (tp, pp), load the source, write the destination."""
+    import torch.distributed as dist
+
+    from hacrl_megatron.agents import checkpoint as ckpt
+    from hacrl_megatron.models import convert
+    from hacrl_megatron.models.parallel import init_parallel
+    from hacrl_megatron.models.provider import build_gpt_model
+
+    spec, hf_config, source, megatron_dir = _source(opts)
+    init_parallel(opts["tp"], opts["pp"], 1)
+    model = build_gpt_model(spec, opts["tp"], opts["pp"])
+    if source is not None:
+        convert.load_hf_weights(model, spec, source)
+    else:
+        ckpt.load_checkpoint(megatron_dir, model, None, None, spec, with_optimizer=False)
+    hf_config.dtype = spec.dtype
+    if opts.get("to_megatron"):
+        ckpt.save_checkpoint(opts["to_megatron"], model, None, None, spec, 0, hf_config=hf_config)
+        if dist.get_rank() == 0:
+            _copy_tokenizer(opts, os.path.join(opts["to_megatron"], "tokenizer"))
+        return
+    stream = convert.export_hf_weights(model, spec)
+    if dist.get_rank() == 0:
+        convert.save_hf_checkpoint(stream, hf_config, opts["to_hf"], int(opts.get("max_shard_gb", 2.0) * 2**30))
+        _copy_tokenizer(opts, opts["to_hf"])
+    else:
+        for _ in stream:  # the export is collective: every rank walks the stream
+            pass
+    dist.barrier()
+
+
+def _copy_tokenizer(opts: dict, dst: str) -> None:
+    """Carry the tokenizer along (engines need it next to the weights; Megatron checkpoints keep it
+    in ``<ckpt>/tokenizer`` so that the way back restores it)."""
+    from hacrl_megatron.models.hf_io import resolve_hf_dir
+
+    if opts.get("from_hf") and opts.get("gguf_file"):
+        from transformers import AutoTokenizer
+
+        folder = resolve_hf_dir(opts["from_hf"])
+        AutoTokenizer.from_pretrained(folder, gguf_file=opts["gguf_file"]).save_pretrained(dst)
+        return
+    folder = resolve_hf_dir(opts["from_hf"]) if opts.get("from_hf") else os.path.join(opts["from_megatron"], "tokenizer")
+    names = [n for n in _TOKENIZER_FILES if os.path.isfile(os.path.join(folder, n))]
+    if names:
+        os.makedirs(dst, exist_ok=True)
+    for name in names:
+        shutil.copy2(os.path.join(folder, name), os.path.join(dst, name))
