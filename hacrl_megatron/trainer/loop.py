@@ -113,8 +113,7 @@ def train_step(run: Run) -> dict[str, float]:
         for key, value in rt.agent.stats().items():
             metrics[f"{rt.name}/trainer/{key}"] = float(value)
     lap("sync")
-    metrics.update(run.exchange.stats.as_metrics())
-    run.exchange.stats.reset()  # per-step statistics
+    metrics.update(run.exchange.pop_metrics(""))  # per-step statistics
     metrics.update(timings)
     metrics["verifier/timeouts"] = float(run.verifier.stats["timeouts"])
     metrics["verifier/errors"] = float(run.verifier.stats["errors"])

@@ -121,7 +121,7 @@ def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer:
     server.start()
     engine = SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer,
                           weight_sync=r.weight_sync, sync_dir=root / "synced", base_model_dir=init_dir,
-                          tp_size=r.sglang_tp)
+                          tp_size=r.sglang_tp, server=server)  # a dead server is restarted and re-synced
     return server, engine
 
 

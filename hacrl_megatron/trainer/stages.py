@@ -104,7 +104,7 @@ def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> N
     """
     for rt in runtimes:
         trajs = data.trajectories[rt.name]
-        views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
+        views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
         batch = views_to_batch(views, {})
         if exp.hacpo.algorithm == "grpo":
             out = rt.agent.token_logprobs(batch, exp.rollout.temperature)
