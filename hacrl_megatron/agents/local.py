@@ -23,7 +23,14 @@ import torch
 
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
-from hacrl_megatron.agents.engine import MicroBatch, dp_slice, run_schedule, split_micro_batches
+from hacrl_megatron.agents.engine import (
+    LMHead,
+    MicroBatch,
+    dp_slice,
+    install_hidden_head,
+    run_schedule,
+    split_micro_batches,
+)
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
@@ -84,12 +91,16 @@ class LocalAgent:
             ``agent.model.hf_path``'s weights, else ``agent.init_checkpoint`` (HF dir or Megatron
             checkpoint from :meth:`save`), else megatron's random init (std 0.02).
         hf_config: the HF config of the model (overrides ``agent.model``; see :meth:`from_hf_model`).
+        logprob_impl: "auto" | "reference" | "triton": ``hacrl_megatron.kernels.sequence_logprobs``
+            from hidden states (no [N, V] logits; "auto" = Triton on CUDA, torch reference on CPU);
+            "megatron": logits + megatron's ``vocab_parallel_cross_entropy`` (also used with
+            sequence parallelism, whose hidden states are sharded along the sequence).
         total_updates: optimizer updates of the whole run (cosine decay length); default
             ``train.steps * train.mini_batches``.
     """
 
     def __init__(self, agent: Any, train: Any, *, vocab_size: int | None = None, hf_checkpoint: Any = None,
-                 hf_config: Any = None, total_updates: int | None = None) -> None:
+                 hf_config: Any = None, total_updates: int | None = None, logprob_impl: str = "auto") -> None:
         self.name = agent.name
         self.train_cfg = train
         par = agent.parallel
@@ -101,12 +112,31 @@ class LocalAgent:
         model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel)
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
+        self.head = self._lm_head(model, logprob_impl, par.sequence_parallel)
         self.model, self.optimizer, self.scheduler = self._build_training(model, agent, train, total_updates)
         self.updates = 0
         self._stats: dict[str, float] = {}
         if init_sub is not None:
             ckpt.load_checkpoint(init_sub, convert.unwrap(self.model), self.optimizer, self.scheduler, self.spec,
                                  with_optimizer=False)
+
+    def _lm_head(self, model: Any, impl: str, sequence_parallel: bool) -> LMHead:
+        from megatron.core import parallel_state as mpu
+
+        allowed = ("auto", "reference", "triton", "megatron")
+        if impl not in allowed:
+            raise ValueError(f"logprob_impl={impl!r}: must be one of {list(allowed)}")
+        if impl == "megatron" or sequence_parallel:
+            return LMHead("megatron", self.spec.vocab_size)
+        if model.post_process:
+            install_hidden_head(model)
+        tied = model.share_embeddings_and_output_weights
+
+        def weight() -> torch.Tensor:
+            return model.shared_embedding_or_output_weight() if tied else model.output_layer.weight
+
+        group = mpu.get_tensor_model_parallel_group() if self.info.tp > 1 else None
+        return LMHead(impl, self.spec.vocab_size, weight, group)
 
     @classmethod
     def from_hf_model(cls, agent: Any, hf_model: Any, *, train: Any, total_updates: int | None = None) -> LocalAgent:
@@ -178,7 +208,7 @@ class LocalAgent:
             return lp.seq_logp_sum.sum() * 0
 
         self.model.eval()
-        run_schedule(self.model, self._split(batch), collect, temperature, self.spec.vocab_size, forward_only=True)
+        run_schedule(self.model, self._split(batch), collect, temperature, self.head, forward_only=True)
         self.model.train()
         if self._reports():
             sums[torch.tensor(idx, device=sums.device)] = torch.cat(done).float()
@@ -209,7 +239,7 @@ class LocalAgent:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        run_schedule(self.model, self._split(mini), step_loss, temperature, self.spec.vocab_size, forward_only=False)
+        run_schedule(self.model, self._split(mini), step_loss, temperature, self.head, forward_only=False)
         self.scheduler.step(increment=1)  # lr of update u: schedule at u+1 (warm-up never starts at 0)
         lr = float(self.optimizer.param_groups[0]["lr"])
         ok, grad_norm, _ = self.optimizer.step()

@@ -92,6 +92,15 @@ def hf_reference_step(model: Any, batch: Any, lr: float, grad_clip: float = 1.0)
     return {k: v.detach().clone() for k, v in model.state_dict().items()}, float(norm)
 
 
+def model_logits(agent: Any, output: torch.Tensor) -> torch.Tensor:
+    """Full-vocabulary logits [B, T, V] from a LocalAgent's last-stage model output (all TP ranks)."""
+    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
+
+    if agent.head.impl != "megatron":  # the model returns hidden states; apply this rank's LM-head shard
+        output = output @ agent.head.weight().t()
+    return gather_from_tensor_model_parallel_region(output)[..., : agent.spec.vocab_size]
+
+
 def agent_config(arch: str, hf_dir: str | None = None, tp: int = 1, pp: int = 1, dp: int = 1,
                  lr: float = 1e-3, dist_opt: bool = False, name: str = "a") -> Any:
     from hacrl_megatron.config import AgentConfig, ModelConfig, ParallelConfig

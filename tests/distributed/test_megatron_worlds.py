@@ -27,6 +27,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     hf_reference_step,
     hf_seq_logprobs,
     make_tiny_hf,
+    model_logits,
     run_world,
     sample_batch,
     sft_loss,
@@ -43,8 +44,6 @@ def _full_logits(agent, ids: torch.Tensor):
     """[B, T, V] logits on the last pipeline stage (gathered over TP), None elsewhere."""
     from megatron.core import parallel_state as mpu
     from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
-
     out = []
 
     def step(it, model):
@@ -52,7 +51,7 @@ def _full_logits(agent, ids: torch.Tensor):
         output = model(tokens, torch.arange(tokens.shape[1]).expand_as(tokens), None)
 
         def loss(t):
-            out.append(gather_from_tensor_model_parallel_region(t)[..., :VOCAB])
+            out.append(model_logits(agent, t))
             return t.sum() * 0, torch.tensor(1, dtype=torch.int), {}
 
         return output, loss
@@ -74,8 +73,9 @@ def _check_arch(arch: str, layout: str, root: str, refs: dict) -> dict:
     from hacrl_megatron.agents.local import LocalAgent
 
     tp, pp, dp, dist_opt = LAYOUTS[layout]
+    # qwen2 runs megatron's logits + vocab_parallel_cross_entropy path, the others the kernels' path
     agent = LocalAgent(agent_config(arch, os.path.join(root, arch), tp, pp, dp, lr=LR, dist_opt=dist_opt),
-                       train_config(micro_batch_size=2))
+                       train_config(micro_batch_size=2), logprob_impl="megatron" if arch == "qwen2" else "auto")
     ref = refs[arch]
     logits = _full_logits(agent, ref["ids"])
     logit_err = 0.0 if logits is None else float((logits - ref["logits"]).abs().max() / ref["logits"].abs().max())

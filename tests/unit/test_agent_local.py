@@ -155,3 +155,20 @@ def test_checkpoint_before_the_first_update_restores_a_fresh_optimizer(hf_dirs, 
     agent.train([batch], sft_loss)
     for n, t in agent.export_hf_weights():
         assert torch.equal(t, expected[n]), n
+
+
+def test_kernel_and_megatron_logprob_paths_agree(hf_dirs):
+    """hidden × LM head through hacrl_megatron.kernels == logits + vocab_parallel_cross_entropy."""
+    _, path = hf_dirs["qwen3"]
+    batch = sample_batch()
+    agents = {impl: LocalAgent(agent_config("qwen3", path), train_config(micro_batch_size=3), logprob_impl=impl)
+              for impl in ("reference", "megatron")}
+    lps = {impl: a.sequence_logprobs(batch, temperature=0.8)[0] for impl, a in agents.items()}
+    torch.testing.assert_close(lps["reference"], lps["megatron"], rtol=1e-6, atol=1e-5)
+    metrics = {impl: a.train([batch], sft_loss)[0] for impl, a in agents.items()}
+    assert metrics["reference"]["grad_norm"] == pytest.approx(metrics["megatron"]["grad_norm"], rel=1e-5)
+    w = {impl: dict(a.export_hf_weights()) for impl, a in agents.items()}
+    for name, tensor in w["reference"].items():
+        torch.testing.assert_close(tensor, w["megatron"][name], rtol=0, atol=1e-6, msg=name)
+    with pytest.raises(ValueError, match="logprob_impl='fast'"):
+        LocalAgent(agent_config("qwen3", path), train_config(), logprob_impl="fast")
