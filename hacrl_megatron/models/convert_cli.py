@@ -65,11 +65,12 @@ def main(args: argparse.Namespace) -> int:
 
         validate_layout(_source(vars(args))[0], args.tp, args.pp)
     if world > 1 and "WORLD_SIZE" not in os.environ:
+        import tempfile
+
         import torch.multiprocessing as mp
 
-        from hacrl_megatron.models.parallel import free_port
-
-        mp.spawn(_spawned, args=(world, free_port(), vars(args)), nprocs=world, join=True)
+        init_file = os.path.join(tempfile.mkdtemp(prefix="hacrl_convert_"), "rendezvous")
+        mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
     else:
         convert_in_world(vars(args))
     out = args.to_megatron or args.to_hf
@@ -77,11 +78,12 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _spawned(rank: int, world: int, port: int, opts: dict) -> None:
+def _spawned(rank: int, world: int, init_file: str, opts: dict) -> None:
     import torch
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank))
+    from hacrl_megatron.models.parallel import local_world_env
+
+    os.environ.update(local_world_env(rank, world, init_file))
     torch.set_num_threads(1)
     convert_in_world(opts)
 

@@ -1,8 +1,8 @@
 """torch.distributed + megatron-core parallel state for one agent (one agent = one Megatron world).
 
 :func:`init_parallel` is the only entry point. In a launched job (torchrun, mp.spawn with the usual
-``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables, or a Ray worker that sets them)
-it joins that world; otherwise it creates a single-process world backed by a ``FileStore`` in a
+``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables, a Ray worker that sets them, or
+a local spawn with :func:`local_world_env`'s rendezvous file) it joins that world; otherwise it creates a single-process world backed by a ``FileStore`` in a
 temporary directory (no port to collide on a shared CI machine). megatron-core keeps its parallel
 state per process, so a second call in the same process must ask for the same sizes: that is how
 several TP = PP = DP = 1 agents share one controller process (DESIGN.md, "local" mode).
@@ -45,9 +45,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+INIT_FILE_ENV = "HACRL_DIST_INIT_FILE"
+
+
+def local_world_env(rank: int, world: int, init_file: str) -> dict[str, str]:
+    """Environment of rank ``rank`` in a world spawned on this machine (tests, ``hacrl convert``).
+
+    The ranks meet through ``init_file`` (a path that does not exist yet) instead of a TCP port, so
+    concurrent jobs on a shared machine cannot race for a "free" port.
+    """
+    return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), INIT_FILE_ENV: init_file}
+
+
 def _init_process_group(backend: str) -> None:
     import torch.distributed as dist
 
+    if INIT_FILE_ENV in os.environ:
+        dist.init_process_group(backend=backend, init_method=f"file://{os.environ[INIT_FILE_ENV]}",
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        return
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         dist.init_process_group(backend=backend, init_method="env://")
         return

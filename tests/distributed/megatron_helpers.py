@@ -119,9 +119,10 @@ def train_config(micro_batch_size: int = 2, **kw: Any) -> Any:
 # 2-process gloo worlds
 
 
-def _worker(rank: int, world: int, port: int, fn: Callable[..., dict], args: tuple, out_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_RANK=str(rank), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
+def _worker(rank: int, world: int, init_file: str, fn: Callable[..., dict], args: tuple, out_path: str) -> None:
+    from hacrl_megatron.models.parallel import local_world_env
+
+    os.environ.update(local_world_env(rank, world, init_file), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     result = fn(rank, *args)
@@ -132,11 +133,12 @@ def _worker(rank: int, world: int, port: int, fn: Callable[..., dict], args: tup
 
 def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) -> dict:
     """Run ``fn(rank, *args)`` in ``world`` spawned gloo processes; return rank 0's JSON result."""
+    import tempfile
+
     import torch.multiprocessing as mp
 
-    from hacrl_megatron.models.parallel import free_port
-
     out_path = os.path.join(tmp_dir, f"result_{fn.__name__}.json")
-    mp.spawn(_worker, args=(world, free_port(), fn, args, out_path), nprocs=world, join=True)
+    init_file = os.path.join(tempfile.mkdtemp(prefix="hacrl_world_"), "rendezvous")
+    mp.spawn(_worker, args=(world, init_file, fn, args, out_path), nprocs=world, join=True)
     with open(out_path) as f:
         return json.load(f)
