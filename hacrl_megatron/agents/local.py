@@ -181,6 +181,10 @@ class LocalAgent:
         return convert.unwrap(self.model)
 
     def _split(self, batch: SequenceBatch) -> list[MicroBatch]:
+        top = max(int(ids.max()) for ids in batch.input_ids)
+        if top >= self.spec.vocab_size or min(int(ids.min()) for ids in batch.input_ids) < 0:
+            raise ValueError(f"agent {self.name}: token ids must lie in [0, vocab_size={self.spec.vocab_size}); "
+                             f"batch has max id {top} (tokenizer and model vocabularies differ?)")
         idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
         return split_micro_batches(batch.select(idx), self.train_cfg.micro_batch_size, self._device())
 

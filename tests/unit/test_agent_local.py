@@ -170,5 +170,9 @@ def test_kernel_and_megatron_logprob_paths_agree(hf_dirs):
     w = {impl: dict(a.export_hf_weights()) for impl, a in agents.items()}
     for name, tensor in w["reference"].items():
         torch.testing.assert_close(tensor, w["megatron"][name], rtol=0, atol=1e-6, msg=name)
+    bad = sample_batch()
+    bad = type(bad)(input_ids=(bad.input_ids[0].clone().fill_(97),) + bad.input_ids[1:], prompt_lens=bad.prompt_lens)
+    with pytest.raises(ValueError, match=r"vocab_size=97\); batch has max id 97"):
+        agents["megatron"].sequence_logprobs(bad)
     with pytest.raises(ValueError, match="logprob_impl='fast'"):
         LocalAgent(agent_config("qwen3", path), train_config(), logprob_impl="fast")

@@ -161,3 +161,29 @@ def test_safetensors_source_reads_slices(tiny):
     assert torch.equal(src.get("model.layers.0.self_attn.o_proj.weight", 0, 4, 9), full[4:9])
     with pytest.raises(FileNotFoundError, match="no \\*.safetensors"):
         convert.SafetensorsSource(os.path.dirname(path))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (Transformer Engine layer spec)")
+@pytest.mark.parametrize("arch", ARCHS)
+def test_transformer_engine_spec_matches_hf_on_gpu(tiny, arch):
+    """GPU: the TE layer spec (fused layer-norm names) converts both ways and matches HF."""
+    pytest.importorskip("transformer_engine")
+    from transformers import AutoConfig
+
+    from hacrl_megatron.models.parallel import init_parallel
+
+    init_parallel(1, 1, 1)
+    hf, path = tiny[arch]
+    spec = arch_from_hf(AutoConfig.from_pretrained(path))
+    model = build_gpt_model(spec, te=True)
+    names = {n for n, _ in model.named_parameters()}
+    assert "decoder.layers.0.self_attention.linear_qkv.layer_norm_weight" in names
+    convert.load_hf_weights(model, spec, path)
+    ids = torch.randint(0, VOCAB, (2, 11), generator=torch.Generator().manual_seed(3)).cuda()
+    with torch.no_grad():
+        ours = model.eval()(ids, torch.arange(11, device="cuda").expand(2, -1), None).float().cpu()
+        ref = hf(ids.cpu()).logits
+    assert float((ours - ref).abs().max() / ref.abs().max()) <= 1e-4
+    for name, tensor in convert.export_hf_weights(model, spec):
+        assert torch.equal(tensor.cpu(), hf.state_dict()[name]), name

@@ -35,6 +35,26 @@ def test_hf_to_megatron_to_hf_round_trip(tmp_path):
     assert AutoConfig.from_pretrained(str(tmp_path / "back")).model_type == "qwen2"
 
 
+def test_converted_checkpoint_is_an_agent_init_checkpoint(tmp_path):
+    from hacrl_megatron.agents.local import LocalAgent
+    from tests.distributed.megatron_helpers import agent_config, sample_batch, train_config
+
+    make_tiny_hf("llama", str(tmp_path / "hf"))
+    assert hacrl(["convert", "--from-hf", str(tmp_path / "hf"), "--to-megatron", str(tmp_path / "mg")]) == 0
+    from_hf = LocalAgent(agent_config("llama", str(tmp_path / "hf")), train_config())
+    from hacrl_megatron.config import ModelConfig
+
+    cfg = agent_config("llama", None)  # sizes only: random init, then the Megatron checkpoint
+    cfg.model = ModelConfig(arch="llama", hidden_size=32, num_layers=2, num_heads=4, num_kv_heads=2,
+                            ffn_hidden_size=64, vocab_size=97, max_position_embeddings=64, rope_theta=5000.0)
+    cfg.init_checkpoint = str(tmp_path / "mg")
+    from_megatron = LocalAgent(cfg, train_config())
+    batch = sample_batch()
+    assert torch.equal(from_hf.sequence_logprobs(batch)[0], from_megatron.sequence_logprobs(batch)[0])
+    with pytest.raises(Exception, match="weights only"):
+        from_megatron.load(str(tmp_path / "mg"))  # no optimizer state to resume from
+
+
 def test_agent_checkpoint_is_convertible(tmp_path):
     from hacrl_megatron.agents.local import LocalAgent
     from tests.distributed.megatron_helpers import agent_config, sample_batch, sft_loss, train_config
