@@ -3,7 +3,7 @@
 CPU mode (default)::
 
     python benchmarks/bench_logprobs.py                 # N=4096,H=512,V=32000 and N=8192,H=1024,V=32000
-    python benchmarks/bench_logprobs.py --case 4096,512,32000 --threads 2 --repeats 3
+    python benchmarks/bench_logprobs.py --case 4096,512,32000 --threads 2 --clock wall --repeats 3
 
 Memory: each (case, method) runs in a fresh subprocess. Peak extra memory is the growth of the
 process's resident-set high-water mark (``resource.getrusage(RUSAGE_SELF).ru_maxrss``) across one
@@ -11,7 +11,9 @@ forward+backward, minus the bytes of the gradients every method must return (dH 
 [V,H]); inputs are generated in place (no transient copies) and a small warm-up runs before the
 baseline is read. Time: one more subprocess runs ``--repeats`` rounds, each round timing every
 method once (forward+backward, then forward alone under no_grad), and keeps each method's best
-time — interleaving makes load from other processes hit all methods alike.
+time — interleaving makes load from other processes hit all methods alike. The default clock is
+the process's CPU time with one torch thread (``--threads 1 --clock cpu``): on a shared machine it
+is far less disturbed by other processes than wall time (``--clock wall``).
 
 Methods (fp32 on CPU, bf16 on GPU):
   bare       x = h·Wᵀ, then dH = x·W and dW = xᵀ·h with x standing in for dlogits: 3 GEMMs, 6·N·H·V flop
@@ -114,22 +116,29 @@ def _child_cpu_memory(method: str, n: int, h: int, v: int, chunk_size) -> dict:
     return {"method": method, "extra_mib": max(0.0, (peak - base) * 1024 - grads_bytes) / 2**20}
 
 
-def _child_cpu_timing(methods: list[str], n: int, h: int, v: int, repeats: int, chunk_size) -> dict:
+def _child_cpu_timing(methods: list[str], n: int, h: int, v: int, repeats: int, chunk_size,
+                      clock: str = "cpu") -> dict:
     """Best-of-``repeats`` times with the methods interleaved round by round in one process, so that
-    load from other processes on the machine hits every method alike (min is the least disturbed)."""
+    load from other processes on the machine hits every method alike (min is the least disturbed).
+
+    ``clock="cpu"`` measures this process's CPU time (``time.process_time``, all threads), which
+    other processes competing for the cores inflate far less than wall time; "wall" uses
+    ``time.perf_counter``. Use ``--threads 1`` with the CPU clock for the most stable numbers.
+    """
     import torch
 
+    now = time.process_time if clock == "cpu" else time.perf_counter
     hidden, weight, targets, cu, grad = _inputs(n, h, v, torch.float32, "cpu")
     step = {m: [] for m in methods}
     fwd = {m: [] for m in methods}
     for _ in range(repeats):
         for m in methods:
-            t0 = time.perf_counter()
+            t0 = now()
             _step(m, hidden, weight, targets, cu, grad, chunk_size)
-            step[m].append(time.perf_counter() - t0)
-            t0 = time.perf_counter()
+            step[m].append(now() - t0)
+            t0 = now()
             _forward(m, hidden, weight, targets, cu, chunk_size)
-            fwd[m].append(time.perf_counter() - t0)
+            fwd[m].append(now() - t0)
     return {m: {"seconds": min(step[m]), "fwd_seconds": min(fwd[m]),
                 "gflops": _flops(m, n, h, v) / min(step[m]) / 1e9} for m in methods}
 
@@ -171,7 +180,7 @@ def _run_child(args, method: str, case: tuple[int, int, int], config: str | None
     if config:
         env["HACRL_LOGPROB_TRITON_CONFIG"] = config
     cmd = [sys.executable, __file__, "--child", method, "--case", ",".join(map(str, case)),
-           "--repeats", str(args.repeats), "--threads", str(args.threads)]
+           "--repeats", str(args.repeats), "--threads", str(args.threads), "--clock", args.clock]
     if args.chunk_size:
         cmd += ["--chunk-size", str(args.chunk_size)]
     if methods:
@@ -189,10 +198,11 @@ def _run_child(args, method: str, case: tuple[int, int, int], config: str | None
     return row
 
 
-def _report(case, rows: list[dict], gpu: bool) -> None:
+def _report(case, rows: list[dict], gpu: bool, args) -> None:
     n, h, v = case
     by = {r["method"]: r for r in rows if "error" not in r}
-    print(f"\n## N={n} H={h} V={v} ({'bf16, CUDA' if gpu else 'fp32, CPU'})")
+    print(f"\n## N={n} H={h} V={v} ({'bf16, CUDA' if gpu else 'fp32, CPU'})"
+          + ("" if gpu else f", {args.threads} thread(s), {args.clock} clock, best of {args.repeats}"))
     rate = "tflops" if gpu else "gflops"
     print(f"| method | extra MiB | fwd+bwd s | {'TFLOP/s' if gpu else 'GFLOP/s'} | time / bare | rate / bare "
           f"| fwd s | fwd time / bare fwd |")
@@ -218,7 +228,9 @@ def main() -> None:
     p.add_argument("--gpu", action="store_true", help="CUDA mode: bf16, N=16384 H=4096 V=151936")
     p.add_argument("--case", action="append", help="N,H,V (repeatable)")
     p.add_argument("--repeats", type=int, default=3, help="timing rounds (best of)")
-    p.add_argument("--threads", type=int, default=2, help="torch CPU threads")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                   help="CPU mode timer: process CPU time (robust on a shared machine) or wall time")
     p.add_argument("--chunk-size", type=int, default=None, help="kernel chunk_size (tokens); default: auto")
     p.add_argument("--methods", default=None, help="comma list; default all for the mode")
     p.add_argument("--configs", default=None,
@@ -243,7 +255,8 @@ def main() -> None:
         if args.gpu:
             print(json.dumps(_child_gpu(args.child, *cases[0], args.repeats, args.chunk_size)))
         elif args.child == "timing":
-            print(json.dumps(_child_cpu_timing(args.methods.split(","), *cases[0], args.repeats, args.chunk_size)))
+            print(json.dumps(_child_cpu_timing(args.methods.split(","), *cases[0], args.repeats, args.chunk_size,
+                                               args.clock)))
         else:
             print(json.dumps(_child_cpu_memory(args.child, *cases[0], args.chunk_size)))
         return
@@ -256,7 +269,7 @@ def main() -> None:
             timing = _run_child(args, "timing", case, methods=methods)
             for row in rows:
                 row.update(timing.get(row["method"], {"error": timing.get("error", "timing failed")}))
-        _report(case, rows, args.gpu)
+        _report(case, rows, args.gpu, args)
 
 
 if __name__ == "__main__":
