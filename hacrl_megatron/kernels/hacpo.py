@@ -17,6 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
 from hacrl_megatron.config import HACPOConfig
 from hacrl_megatron.kernels.core import (
     KernelOptions,
@@ -130,8 +131,6 @@ def fused_hacpo_loss(
         (loss = −Σ_s J_s / num_sequences as a differentiable scalar, metrics of ``algo.hacpo_loss``).
         log s uses L_k = the sequence's token count from ``cu_seqlens`` (eq. 11).
     """
-    from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
-
     opts, seq_len = prepare(hidden, weight, targets, cu_seqlens, temperature, tp_group, impl, chunk_size,
                             vocab_size)
     num_seq = seq_len.numel()
