@@ -1,0 +1,108 @@
+"""``hacrl launch``: run a hacrl job through NeMo-Run on this machine, a Slurm cluster or Docker.
+
+    hacrl launch [--preset P] [overrides ...]                                   # local subprocess
+    hacrl launch --executor slurm --account A --partition P --nodes 2 --gpus-per-node 8 \\
+                 --container-image IMG --preset paper_qwen3_4b_with_instruct train.steps=200
+    hacrl launch --executor docker --container-image IMG --preset ... --detach
+
+The configuration is resolved and validated here first, so a typo fails before anything is
+submitted. Exit status: 0 when the job succeeded (or, with --detach/--dryrun, was submitted/written),
+1 when it failed, 2 for bad arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from hacrl_megatron.launch.recipes import SUBCOMMANDS
+
+EXECUTORS = ("local", "slurm", "docker")
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE")
+    key, value = text.split("=", 1)
+    return key, value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--preset", default="cpu_demo", help="built-in preset name or YAML path (default cpu_demo)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides, as for `hacrl train`")
+    p.add_argument("--executor", choices=EXECUTORS, default="local", help="where the job runs (default local)")
+    p.add_argument("--job", choices=SUBCOMMANDS, default="train", help="hacrl sub-command to run (default train)")
+    p.add_argument("--name", default="hacrl", help="NeMo-Run experiment and task name")
+    p.add_argument("--base-dir", default=None, help="NeMo-Run experiment directory (default ~/.nemo_run)")
+    p.add_argument("--detach", action="store_true", help="return once submitted (Slurm/Docker)")
+    p.add_argument("--dryrun", action="store_true", help="write the job files (e.g. sbatch script), submit nothing")
+    p.add_argument("--tail-logs", action="store_true", help="stream the job's log while waiting")
+    p.add_argument("--no-validate", action="store_true",
+                   help="skip validating the config here (a preset path that exists only on the cluster)")
+    p.add_argument("--env", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+                   help="environment variable of the job (repeatable)")
+    g = p.add_argument_group("slurm / docker")
+    g.add_argument("--account", help="sbatch --account (slurm, required)")
+    g.add_argument("--partition", help="sbatch --partition")
+    g.add_argument("--nodes", type=int, default=1, help="nodes; each runs one Ray node (slurm)")
+    g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (slurm; docker: -1 = all)")
+    g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs Ray may use per node (slurm)")
+    g.add_argument("--time", default="04:00:00", help="sbatch --time (slurm)")
+    g.add_argument("--container-image", help="container image (docker: required; slurm: pyxis image)")
+    g.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
+                   help="container mount / docker volume (repeatable)")
+    g.add_argument("--job-dir", help="job files directory on the cluster's shared filesystem (slurm)")
+    g.add_argument("--ssh-host", help="submit over SSH to this login node (slurm; needs --ssh-user, --job-dir)")
+    g.add_argument("--ssh-user", help="SSH user (slurm)")
+    g.add_argument("--packager", choices=("git", "none"), default="git",
+                   help="git: ship the committed checkout; none: the image has hacrl_megatron installed")
+    g.add_argument("--ray-port", type=int, default=6379, help="Ray head port inside the Slurm job")
+    g.add_argument("--ray-wait-timeout", type=int, default=600, help="seconds to wait for all Ray nodes (slurm)")
+
+
+def build_executor(args: argparse.Namespace) -> Any:
+    """The NeMo-Run executor named by ``args.executor``; ValueError names a missing argument."""
+    from hacrl_megatron.launch import executors
+
+    env = dict(args.env)
+    if args.executor == "local":
+        return executors.local_executor(env_vars=env)
+    if args.executor == "slurm":
+        if not args.account:
+            raise ValueError("--executor slurm needs --account")
+        return executors.slurm_executor(
+            args.account, args.partition, args.nodes, args.gpus_per_node, args.container_image, time=args.time,
+            job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user, container_mounts=args.mount,
+            env_vars=env, cpus_per_task=args.cpus_per_task, packager=args.packager,
+        )
+    if not args.container_image:
+        raise ValueError("--executor docker needs --container-image")
+    gpus = -1 if args.gpus_per_node is None else args.gpus_per_node
+    return executors.docker_executor(args.container_image, num_gpus=gpus, volumes=args.mount, env_vars=env,
+                                     packager=args.packager)
+
+
+def main(args: argparse.Namespace) -> int:
+    from hacrl_megatron.launch.recipes import LaunchError, launch_train
+
+    if not args.no_validate:
+        from hacrl_megatron.config import load_config
+
+        load_config(args.preset, args.overrides)  # ConfigError: `hacrl` reports it and exits 2
+    try:
+        executor = build_executor(args)
+    except (ValueError, ImportError) as err:
+        print(f"hacrl launch: {err}", file=sys.stderr)
+        return 2
+    ray_script = {"port": args.ray_port, "wait_timeout_s": args.ray_wait_timeout} if args.executor == "slurm" else {}
+    try:
+        result = launch_train(args.preset, args.overrides, executor, args.name, subcommand=args.job,
+                              base_dir=args.base_dir, detach=args.detach, tail_logs=args.tail_logs,
+                              dryrun=args.dryrun, **ray_script)
+    except LaunchError as err:
+        print(f"hacrl launch: {err}", file=sys.stderr)
+        return 1
+    print(f"hacrl launch: {result.name} {result.state} (experiment {result.experiment_id}); "
+          f"files: {result.job_dir}" + (f"; log: {result.log_path}" if result.log_path else ""))
+    return 0

@@ -1,0 +1,115 @@
+"""NeMo-Run executors for hacrl jobs: this machine, a Slurm cluster (one Ray node per Slurm node), Docker.
+
+Each function returns a plain ``nemo_run`` executor with the fields hacrl needs set and everything
+else at NeMo-Run's defaults; pass ``**extra`` for any other executor field. ``nemo_run`` is
+imported lazily (``pip install 'hacrl_megatron[launch]'``).
+
+Code shipping (``packager``): ``"git"`` archives the committed checkout (``GitArchivePackager``,
+NeMo-Run's default: uncommitted edits are *not* shipped) into ``/nemo_run/code``, the job's working
+directory; ``"none"`` runs what the container image already has installed.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+#: hacrl_megatron's parent directory: put on PYTHONPATH so an uninstalled checkout runs locally
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+LAUNCH_INSTALL_HINT = "pip install nemo-run 'leptonai==0.27.3'  (or: pip install 'hacrl_megatron[launch]')"
+PACKAGERS = ("git", "none")
+
+
+def require_nemo_run() -> Any:
+    """The ``nemo_run`` module, or an ImportError that says what to install."""
+    try:
+        import nemo_run
+    except ImportError as err:
+        raise ImportError(f"hacrl launch needs NeMo-Run, which is not installed or broken ({err}): "
+                          f"{LAUNCH_INSTALL_HINT}") from err
+    return nemo_run
+
+
+def _packager(run: Any, kind: str) -> Any:
+    if kind not in PACKAGERS:
+        raise ValueError(f"packager={kind!r}: must be one of {list(PACKAGERS)} (git: ship the committed "
+                         "checkout; none: the container image has hacrl_megatron installed)")
+    return run.GitArchivePackager() if kind == "git" else run.Packager()
+
+
+def _env(env_vars: dict[str, str] | None) -> dict[str, str]:
+    # unbuffered output so `nemo experiment logs` and Slurm logs show progress as it happens
+    return {"PYTHONUNBUFFERED": "1", **(env_vars or {})}
+
+
+def local_executor(*, env_vars: dict[str, str] | None = None, ntasks_per_node: int = 1, **extra: Any) -> Any:
+    """Run on this machine (a subprocess; the CPU demo, tests, a single GPU box).
+
+    PYTHONPATH starts with this checkout, so ``python -m hacrl_megatron`` works uninstalled.
+    """
+    run = require_nemo_run()
+    path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
+    return run.LocalExecutor(ntasks_per_node=ntasks_per_node, env_vars={"PYTHONPATH": path, **_env(env_vars)},
+                             **extra)
+
+
+def slurm_executor(account: str, partition: str | None, nodes: int, gpus_per_node: int | None,
+                   container_image: str | None, *, time: str = "04:00:00", job_dir: str | None = None,
+                   ssh_host: str | None = None, ssh_user: str | None = None, container_mounts: list[str] | None = None,
+                   env_vars: dict[str, str] | None = None, cpus_per_task: int | None = None,
+                   exclusive: bool | None = True, packager: str = "git", **extra: Any) -> Any:
+    """An sbatch job of ``nodes`` nodes with one task per node (each task is one Ray node; the agents'
+    ranks are Ray actors, see :mod:`hacrl_megatron.agents.ray_agent`).
+
+    Args:
+        account, partition, time: sbatch ``--account``, ``--partition``, ``--time`` (HH:MM:SS).
+        nodes, gpus_per_node: sbatch ``--nodes`` and ``--gpus-per-node`` (None: CPU nodes).
+        container_image: pyxis/enroot image for ``srun --container-image`` (None: bare metal).
+        job_dir: directory for job files and logs on the cluster's shared filesystem; required
+            with ``ssh_host``, default ``~/.nemo_run/experiments`` when launching on the login node.
+        ssh_host, ssh_user: submit over SSH from another machine (``run.SSHTunnel``); default:
+            this machine is the login node (``run.LocalTunnel``).
+        container_mounts: ``src:dst`` mounts (data, checkpoints, HF models).
+        cpus_per_task: CPUs Ray may use on each node (default: what Slurm gives one task;
+            set it to the node's cores when not running ``exclusive``).
+    """
+    run = require_nemo_run()
+    if nodes < 1:
+        raise ValueError(f"nodes={nodes}: must be >= 1")
+    if gpus_per_node is not None and gpus_per_node < 0:
+        raise ValueError(f"gpus_per_node={gpus_per_node}: must be >= 0 (or None for CPU nodes)")
+    if ssh_host is not None:
+        if not (ssh_user and job_dir):
+            raise ValueError(f"ssh_host={ssh_host!r} needs ssh_user and job_dir (a directory on the cluster)")
+        tunnel = run.SSHTunnel(host=ssh_host, user=ssh_user, job_dir=job_dir)
+    else:
+        tunnel = run.LocalTunnel(job_dir=job_dir or "")
+    return run.SlurmExecutor(
+        account=account, partition=partition, nodes=nodes, ntasks_per_node=1, gpus_per_node=gpus_per_node or None,
+        cpus_per_task=cpus_per_task, exclusive=exclusive, time=time, container_image=container_image,
+        container_mounts=list(container_mounts or []), env_vars=_env(env_vars), tunnel=tunnel,
+        packager=_packager(run, packager), **extra,
+    )
+
+
+def docker_executor(container_image: str, *, num_gpus: int | None = -1, volumes: list[str] | None = None,
+                    env_vars: dict[str, str] | None = None, shm_size: str = "16g", packager: str = "git",
+                    **extra: Any) -> Any:
+    """One container on this Docker host (``num_gpus=-1``: all GPUs through the nvidia runtime;
+    None or 0: a CPU container). ``ipc=host`` and a large ``/dev/shm``: Ray's object store and NCCL
+    both use shared memory."""
+    run = require_nemo_run()
+    gpu = bool(num_gpus)
+    return run.DockerExecutor(
+        container_image=container_image, num_gpus=num_gpus if gpu else None, runtime="nvidia" if gpu else None,
+        ipc_mode="host", shm_size=shm_size, volumes=list(volumes or []), env_vars=_env(env_vars),
+        packager=_packager(run, packager), **extra,
+    )
+
+
+def python_executable(executor: Any) -> str:
+    """The interpreter a job should use: this one on the local machine, ``python`` in images/clusters."""
+    run = require_nemo_run()
+    return sys.executable if isinstance(executor, run.LocalExecutor) else "python"

@@ -1,0 +1,137 @@
+"""NeMo-Run recipes: ``hacrl train`` (or any hacrl sub-command) as a NeMo-Run experiment.
+
+::
+
+    from hacrl_megatron.launch import launch_train, slurm_executor
+    ex = slurm_executor("my_account", "batch", nodes=2, gpus_per_node=8, container_image="nvcr.io/...")
+    result = launch_train("paper_qwen3_4b_with_instruct", ["train.steps=200"], ex, name="hacpo-4b")
+
+On Slurm the job first builds a Ray cluster over its nodes (:mod:`hacrl_megatron.launch.slurm_ray`)
+and runs the command on the head node; elsewhere the command runs directly and Ray agents start a
+private Ray instance. NeMo-Run gotchas handled here (../shared/research/feasibility.md §6):
+``run.Script(path=...)`` would default to ``entrypoint="bash"``, so the command is a ``python -m``
+script; a failed job still lets ``exp.run`` return normally, so the task's final state is read
+back and a failure raises :class:`LaunchError` (``check=True``) naming the state and the log.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from hacrl_megatron.launch.executors import python_executable, require_nemo_run
+from hacrl_megatron.launch.slurm_ray import ray_cluster_script
+
+SUBCOMMANDS = ("train", "pretrain", "config")  # those that take --preset and overrides
+
+
+class LaunchError(RuntimeError):
+    """A launched job did not succeed (message names the job, its final state and its log)."""
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """Outcome of :func:`launch_train`.
+
+    name: the task name inside the experiment. experiment_id: NeMo-Run's id
+    (``nemo experiment status <id>``). state: the task's final (or, detached, current) state,
+    e.g. ``SUCCEEDED``, ``FAILED``, ``SUBMITTED``; ``DRYRUN`` when nothing was submitted.
+    ok: succeeded, or submitted/dry-run and not failed. job_dir: the task's local directory.
+    log_path: its combined log when the executor writes one locally, else None.
+    """
+
+    name: str
+    experiment_id: str
+    state: str
+    ok: bool
+    job_dir: str
+    log_path: str | None
+
+
+def hacrl_command(subcommand: str, preset: str | None, overrides: list[str] | None, *, python: str = "python",
+                  extra_args: list[str] | None = None) -> list[str]:
+    """``python -m hacrl_megatron <subcommand> [--preset P] [extra_args] [overrides]`` as argv."""
+    if subcommand not in SUBCOMMANDS:
+        raise ValueError(f"subcommand={subcommand!r}: must be one of {list(SUBCOMMANDS)}")
+    for ov in overrides or []:
+        if "=" not in ov:
+            raise ValueError(f"override {ov!r}: expected dotted.key=value")
+    cmd = [python, "-m", "hacrl_megatron", subcommand]
+    if preset:
+        cmd += ["--preset", preset]
+    return cmd + list(extra_args or []) + list(overrides or [])
+
+
+def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *, subcommand: str = "train",
+               ray_cluster: bool | None = None, extra_args: list[str] | None = None, **ray_script: Any) -> Any:
+    """The ``run.Script`` for one hacrl command on ``executor``.
+
+    ``ray_cluster``: wrap the command in the Ray-cluster script (default: on Slurm executors);
+    ``ray_script``: keyword arguments of :func:`ray_cluster_script` (port, wait_timeout_s, ...).
+    """
+    run = require_nemo_run()
+    python = python_executable(executor)
+    cmd = hacrl_command(subcommand, preset, overrides, python=python, extra_args=extra_args)
+    if ray_cluster is None:
+        ray_cluster = isinstance(executor, run.SlurmExecutor)
+    if ray_cluster:
+        return run.Script(inline=ray_cluster_script(cmd, python=python, **ray_script), entrypoint="bash")
+    # a python -m script: run.Script's default entrypoint is bash, which cannot run a module
+    return run.Script(path="hacrl_megatron", args=cmd[3:], entrypoint=python, m=True)
+
+
+def _state_name(state: Any) -> str:
+    return getattr(state, "name", None) or str(state).split(" ")[0]
+
+
+def _log_path(job_dir: str) -> str | None:
+    logs = sorted(glob.glob(os.path.join(job_dir, "**", "combined.log"), recursive=True)) or \
+        sorted(glob.glob(os.path.join(job_dir, "**", "*.out"), recursive=True))
+    return logs[-1] if logs else None
+
+
+def launch_train(preset: str | None, overrides: list[str] | None, executor: Any, name: str = "hacrl", *,
+                 subcommand: str = "train", base_dir: str | None = None, detach: bool = False,
+                 tail_logs: bool = False, dryrun: bool = False, check: bool = True,
+                 ray_cluster: bool | None = None, extra_args: list[str] | None = None,
+                 **ray_script: Any) -> LaunchResult:
+    """Run ``hacrl <subcommand> --preset <preset> <overrides>`` as NeMo-Run experiment ``name``.
+
+    Blocks until the job ends unless ``detach`` (Slurm: returns once submitted). ``dryrun``
+    writes the job files (e.g. the sbatch script) under ``base_dir`` without submitting.
+    ``check``: raise :class:`LaunchError` when the job failed or was cancelled.
+    """
+    run = require_nemo_run()
+    task = build_task(preset, overrides, executor, subcommand=subcommand, ray_cluster=ray_cluster,
+                      extra_args=extra_args, **ray_script)
+    with run.Experiment(name, base_dir=base_dir, log_level="WARN") as exp:
+        exp.add(task, executor=executor, name=name)
+        if dryrun:
+            exp.dryrun(log=False, delete_exp_dir=False)
+            return LaunchResult(name, exp._id, "DRYRUN", True, executor.job_dir or exp._exp_dir, None)
+        exp.run(sequential=True, detach=detach, tail_logs=tail_logs)
+    # leaving the context is what waits for a non-detached job; only then is its state final
+    info = (exp.status(return_dict=True) or {}).get(name, {})
+    state = _state_name(info.get("status", "UNKNOWN"))
+    job_dir = str(info.get("local_dir") or executor.job_dir)
+    finished_ok = state == "SUCCEEDED"
+    ok = finished_ok or (detach and state in ("SUBMITTED", "PENDING", "RUNNING", "UNKNOWN"))
+    result = LaunchResult(name, exp._id, state, ok, job_dir, _log_path(job_dir))
+    if check and not ok:
+        raise LaunchError(f"job {name!r} (experiment {exp._id}) ended in state {state}; "
+                          f"log: {result.log_path or job_dir}{_tail(result.log_path)}")
+    return result
+
+
+def _tail(path: str | None, lines: int = 15) -> str:
+    """The last ``lines`` lines of a log, indented, for error messages ('' when unreadable)."""
+    if not path:
+        return ""
+    try:
+        with open(path, errors="replace") as f:
+            last = f.read().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return "".join(f"\n  | {line}" for line in last)

@@ -1,0 +1,147 @@
+"""NeMo-Run recipe objects: executors and tasks carry the right fields; the Slurm dry run writes an
+sbatch script with one Ray node per task and the hacrl command on the head. No job is submitted
+(no Slurm or Docker here); the local end-to-end runs are in test_launch_local.py."""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import sys
+
+import pytest
+
+run = pytest.importorskip("nemo_run")
+
+from hacrl_megatron.launch import cli  # noqa: E402
+from hacrl_megatron.launch.executors import docker_executor, local_executor, require_nemo_run, slurm_executor  # noqa: E402
+from hacrl_megatron.launch.recipes import build_task, hacrl_command, launch_train  # noqa: E402
+from hacrl_megatron.launch.slurm_ray import ray_cluster_script  # noqa: E402
+
+PRESET = "paper_qwen3_4b_with_instruct"
+
+
+@pytest.fixture(autouse=True)
+def readable_stdin(monkeypatch):
+    """NeMo-Run's Slurm packaging runs shell commands through invoke, which reads stdin; pytest's
+    captured stdin raises on read, a real launch has a terminal or a pipe there."""
+    with open(os.devnull) as null:
+        monkeypatch.setattr(sys, "stdin", null)
+        yield
+
+
+def _slurm(tmp_path, **kw):
+    args = dict(time="01:00:00", job_dir=str(tmp_path / "jobs"), container_mounts=["/data:/data"],
+                env_vars={"HF_HOME": "/data/hf"}, packager="none")
+    args.update(kw)
+    return slurm_executor("acct", "batch", 2, 8, "nvcr.io/hacrl:1", **args)
+
+
+def test_slurm_executor_fields(tmp_path):
+    ex = _slurm(tmp_path)
+    assert isinstance(ex, run.SlurmExecutor)
+    assert (ex.account, ex.partition, ex.nodes, ex.ntasks_per_node, ex.gpus_per_node) == ("acct", "batch", 2, 1, 8)
+    assert ex.container_image == "nvcr.io/hacrl:1" and ex.container_mounts == ["/data:/data"]
+    assert ex.time == "01:00:00" and ex.exclusive is True
+    assert ex.env_vars == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/data/hf"}
+    assert isinstance(ex.tunnel, run.LocalTunnel) and ex.tunnel.job_dir == str(tmp_path / "jobs")
+    assert type(ex.packager) is run.Packager
+    assert isinstance(_slurm(tmp_path, packager="git").packager, run.GitArchivePackager)
+    cpu = slurm_executor("acct", None, 1, None, None)
+    assert cpu.gpus_per_node is None and cpu.container_image is None
+
+
+def test_slurm_executor_over_ssh_and_bad_values(tmp_path):
+    ex = _slurm(tmp_path, ssh_host="login.cluster", ssh_user="me")
+    assert isinstance(ex.tunnel, run.SSHTunnel)
+    assert (ex.tunnel.host, ex.tunnel.user, ex.tunnel.job_dir) == ("login.cluster", "me", str(tmp_path / "jobs"))
+    with pytest.raises(ValueError, match="ssh_host='login.cluster' needs ssh_user and job_dir"):
+        slurm_executor("acct", "batch", 1, 8, None, ssh_host="login.cluster")
+    with pytest.raises(ValueError, match="nodes=0: must be >= 1"):
+        slurm_executor("acct", "batch", 0, 8, None)
+    with pytest.raises(ValueError, match="packager='zip'"):
+        _slurm(tmp_path, packager="zip")
+
+
+def test_slurm_dryrun_writes_sbatch_and_ray_cluster_script(tmp_path):
+    result = launch_train(PRESET, ["train.steps=3", "data.path=/data/my set.jsonl"], _slurm(tmp_path), "hacpo4b",
+                          base_dir=str(tmp_path / "exp"), dryrun=True, port=6380, wait_timeout_s=900)
+    assert result.ok and result.state == "DRYRUN"
+    (sbatch,) = glob.glob(str(tmp_path / "exp" / "experiments" / "hacpo4b" / "*" / "hacpo4b_sbatch.sh"))
+    text = open(sbatch).read()
+    for flag in ("--account=acct", "--partition=batch", "--nodes=2", "--ntasks-per-node=1", "--gpus-per-node=8",
+                 "--time=01:00:00", "--exclusive"):
+        assert f"#SBATCH {flag}" in text, flag
+    assert "--container-image nvcr.io/hacrl:1" in text and "/data:/data" in text
+    assert "export HF_HOME=/data/hf" in text
+    (script,) = glob.glob(str(tmp_path / "exp" / "experiments" / "hacpo4b" / "*" / "hacpo4b" / "scripts" / "*.sh"))
+    body = open(script).read()
+    assert f"python -m hacrl_megatron train --preset {PRESET} train.steps=3 'data.path=/data/my set.jsonl'" in body
+    assert "PORT=6380" in body and "TIMEOUT=900" in body
+    assert "start --head --block" in body and 'start --block --address="$RAY_ADDRESS"' in body
+    assert "ray stop" not in body.replace("`ray stop` would", "")  # never the node-wide kill
+
+
+def test_docker_executor_fields():
+    ex = docker_executor("hacrl:latest", volumes=["/ckpt:/ckpt"], env_vars={"A": "1"}, packager="none")
+    assert isinstance(ex, run.DockerExecutor)
+    assert (ex.container_image, ex.num_gpus, ex.runtime, ex.ipc_mode, ex.shm_size) == \
+        ("hacrl:latest", -1, "nvidia", "host", "16g")
+    assert ex.volumes == ["/ckpt:/ckpt"] and ex.env_vars == {"PYTHONUNBUFFERED": "1", "A": "1"}
+    cpu = docker_executor("hacrl:cpu", num_gpus=0)
+    assert cpu.num_gpus is None and cpu.runtime is None
+
+
+def test_tasks_are_python_modules_or_the_ray_script():
+    local = local_executor(env_vars={"X": "1"})
+    # the checkout first on PYTHONPATH: `python -m hacrl_megatron` works without installing the package
+    root = local.env_vars["PYTHONPATH"].split(os.pathsep)[0]
+    assert os.path.isfile(os.path.join(root, "hacrl_megatron", "cli.py")) and local.env_vars["X"] == "1"
+    task = build_task("cpu_demo", ["train.steps=1"], local)
+    # run.Script's default entrypoint is bash, which cannot run a python module (feasibility §6)
+    assert (task.entrypoint, task.m, task.path, task.args) == \
+        (sys.executable, True, "hacrl_megatron", ["train", "--preset", "cpu_demo", "train.steps=1"])
+    wrapped = build_task("cpu_demo", [], local, ray_cluster=True)
+    assert wrapped.entrypoint == "bash" and "start --head --block" in wrapped.inline
+
+
+def test_hacrl_command_and_script_reject_bad_input():
+    assert hacrl_command("config", None, ["a.b=1"]) == ["python", "-m", "hacrl_megatron", "config", "a.b=1"]
+    with pytest.raises(ValueError, match="subcommand='serve'"):
+        hacrl_command("serve", None, [])
+    with pytest.raises(ValueError, match="override 'train.steps': expected dotted.key=value"):
+        hacrl_command("train", None, ["train.steps"])
+    with pytest.raises(ValueError, match="port=0"):
+        ray_cluster_script(["true"], port=0)
+    with pytest.raises(ValueError, match="command must not be empty"):
+        ray_cluster_script([])
+
+
+def test_missing_nemo_run_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "nemo_run", None)
+    with pytest.raises(ImportError, match=r"leptonai==0.27.3"):
+        require_nemo_run()
+
+
+def _args(argv):
+    p = argparse.ArgumentParser()
+    cli.add_arguments(p)
+    return p.parse_args(argv)
+
+
+def test_cli_validates_before_submitting(tmp_path, capsys):
+    from hacrl_megatron.config import ConfigError
+
+    with pytest.raises(ConfigError, match="hacpo.alpha=-1.0"):
+        cli.main(_args(["hacpo.alpha=-1", "--dryrun"]))
+    assert cli.main(_args(["--executor", "slurm", "--dryrun"])) == 2
+    assert "--executor slurm needs --account" in capsys.readouterr().err
+    assert cli.main(_args(["--executor", "docker"])) == 2
+    assert "needs --container-image" in capsys.readouterr().err
+    argv = ["--executor", "slurm", "--account", "acct", "--nodes", "2", "--gpus-per-node", "4", "--packager", "none",
+            "--job-dir", str(tmp_path / "jobs"), "--base-dir", str(tmp_path / "exp"), "--dryrun", "--name", "c",
+            "--env", "A=1", "train.steps=2"]
+    assert cli.main(_args(argv)) == 0
+    assert "c DRYRUN" in capsys.readouterr().out
+    (script,) = glob.glob(str(tmp_path / "exp" / "experiments" / "c" / "*" / "c" / "scripts" / "*.sh"))
+    assert "python -m hacrl_megatron train --preset cpu_demo train.steps=2" in open(script).read()

@@ -1,0 +1,101 @@
+"""The Ray-on-Slurm node script, executed for real on this machine without Slurm.
+
+Node 0 (no SLURM_* variables: one node) starts a Ray head, waits for the nodes, runs the command
+with RAY_ADDRESS set, stops *its own* Ray node and exits with the command's status. The slow test
+also runs a worker "node" next to the head (separate temp dirs and ports) and checks that it
+joins the cluster and exits 0 once the head is gone. Every Ray process is started with a private
+--temp-dir, free ports and its own auth token, so nothing here touches other Ray instances on the
+machine, and the test checks that no process of its temp dir survives.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+pytest.importorskip("ray")
+
+from hacrl_megatron.launch.executors import PACKAGE_ROOT  # noqa: E402
+from hacrl_megatron.launch.slurm_ray import ray_cluster_script  # noqa: E402
+from hacrl_megatron.models.parallel import free_port  # noqa: E402
+
+PROBE = ("import os, ray; ray.init(); n = len([x for x in ray.nodes() if x['Alive']]); "
+         "print('ADDR', os.environ['RAY_ADDRESS'], 'NODES', n); raise SystemExit(n + 1)")
+
+
+def _node_args(name: str) -> tuple[str, str]:
+    """(per-node `ray start` flags, temp dir): own temp dir, every default port replaced by a free one."""
+    flags = ["ray-client-server-port", "dashboard-agent-listen-port", "dashboard-agent-grpc-port",
+             "metrics-export-port", "runtime-env-agent-port", "node-manager-port", "object-manager-port"]
+    # the Unix socket paths under --temp-dir must stay short (107 bytes)
+    temp = f"/tmp/hr_{uuid.uuid4().hex[:8]}_{name}"
+    return " ".join([f"--temp-dir={temp}", "--num-cpus=1"] + [f"--{f}={free_port()}" for f in flags]), temp
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_"))}
+    env.update(PYTHONPATH=PACKAGE_ROOT, RAY_AUTH_MODE="token", **extra)
+    return env
+
+
+def _survivors(temp: str) -> list[int]:
+    """PIDs whose command line mentions ``temp`` (Ray processes of that node)."""
+    pids = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if temp.encode() in f.read():
+                    pids.append(int(pid))
+        except OSError:
+            continue
+    return pids
+
+
+def test_head_node_runs_command_and_returns_its_status(tmp_path):
+    port = free_port()
+    args, temp = _node_args("h")
+    script = tmp_path / "node.sh"
+    script.write_text(ray_cluster_script([sys.executable, "-c", PROBE], python=sys.executable, port=port,
+                                         wait_timeout_s=120))
+    env = _env(RAY_AUTH_TOKEN=uuid.uuid4().hex, HACRL_RAY_START_ARGS=args)
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]  # 1 node + 1: the command's status
+    assert f":{port} NODES 1" in out.stdout
+    assert "command exited with status 2; stopping Ray" in out.stdout
+    time.sleep(1.0)
+    assert _survivors(temp) == []
+
+
+@pytest.mark.slow
+def test_worker_node_joins_and_leaves_when_the_head_is_done(tmp_path):
+    port = free_port()
+    script = tmp_path / "node.sh"
+    script.write_text(ray_cluster_script([sys.executable, "-c", PROBE], python=sys.executable, port=port,
+                                         wait_timeout_s=180))
+    token = uuid.uuid4().hex
+    (head_args, head_temp), (worker_args, worker_temp) = _node_args("h"), _node_args("w")
+    common = dict(RAY_AUTH_TOKEN=token, SLURM_NNODES="2")
+    head = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="0", HACRL_RAY_START_ARGS=head_args, **common),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    ip = subprocess.run([sys.executable, "-m", "hacrl_megatron.launch.slurm_ray", "ip"], env=_env(),
+                        capture_output=True, text=True, check=True).stdout.strip()
+    worker = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="1", HACRL_RAY_HEAD_IP=ip,
+                                                              HACRL_RAY_START_ARGS=worker_args, **common),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        head_out, _ = head.communicate(timeout=300)
+        worker_out, _ = worker.communicate(timeout=120)
+    finally:
+        for p in (head, worker):
+            if p.poll() is None:
+                p.kill()
+    assert head.returncode == 3, head_out[-3000:]  # both nodes alive when the command ran
+    assert "NODES 2" in head_out
+    assert worker.returncode == 0, worker_out[-3000:]
+    time.sleep(1.0)
+    assert _survivors(head_temp) == [] and _survivors(worker_temp) == []
