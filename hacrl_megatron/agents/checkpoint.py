@@ -173,10 +173,14 @@ def _unshare_adam_steps(optimizer: Any) -> None:
 
 def _common(path: str) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
+    from megatron.core.dist_checkpointing.core import CheckpointingException
 
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
-    common = dist_checkpointing.load_common_state_dict(path)
+    try:
+        common = dist_checkpointing.load_common_state_dict(path)
+    except CheckpointingException as err:
+        raise CheckpointMismatchError(f"{path}: not an hacrl agent checkpoint ({err})") from err
     if _META not in common:
         raise CheckpointMismatchError(f"{path}: not an hacrl agent checkpoint (no {_META!r} entry)")
     return common

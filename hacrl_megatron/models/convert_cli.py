@@ -61,9 +61,14 @@ def main(args: argparse.Namespace) -> int:
     world = args.tp * args.pp
     t0 = time.perf_counter()
     if not args.gguf_file:  # fail before spawning: layout and source problems named up front
-        from hacrl_megatron.models.provider import validate_layout
+        from hacrl_megatron.models.convert import CheckpointMismatchError
+        from hacrl_megatron.models.provider import ParallelLayoutError, UnsupportedModelError, validate_layout
 
-        validate_layout(_source(vars(args))[0], args.tp, args.pp)
+        try:
+            validate_layout(_source(vars(args))[0], args.tp, args.pp)
+        except (ParallelLayoutError, UnsupportedModelError, CheckpointMismatchError, FileNotFoundError) as err:
+            print(f"hacrl convert: {err}", file=sys.stderr)
+            return 2
     if world > 1 and "WORLD_SIZE" not in os.environ:
         import tempfile
 
