@@ -55,19 +55,28 @@ def run_with(exp, score_fn=parity_reward, steps=None):
     return run, history
 
 
-@pytest.mark.parametrize("algorithm", ["hacpo", "naive", "gspo", "gspo_x2", "grpo"])
-def test_every_algorithm_trains_every_agent_and_syncs_engines(tmp_path, algorithm):
-    exp = tiny_exp(tmp_path, algorithm)
+def exported(rt) -> dict[str, torch.Tensor]:
+    return {k: v.clone() for k, v in rt.agent.export_hf_weights()}
+
+
+@pytest.mark.parametrize(
+    "algorithm, backend",
+    [("hacpo", "hf"), ("naive", "hf"), ("gspo", "hf"), ("gspo_x2", "hf"), ("grpo", "hf"),
+     ("hacpo", "megatron"), ("grpo", "megatron")],
+)
+def test_every_algorithm_trains_every_agent_and_syncs_engines(tmp_path, algorithm, backend):
+    exp = tiny_exp(tmp_path, algorithm, backend=backend)
     run = loop.setup(exp)
     run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
-    before = {rt.name: {k: v.clone() for k, v in rt.agent.model.named_parameters()} for rt in run.runtimes}
+    before = {rt.name: exported(rt) for rt in run.runtimes}
     history = [loop.train_step(run) for _ in range(2)]
     for rt in run.runtimes:
-        for key, value in rt.agent.model.named_parameters():
+        after = exported(rt)
+        for key, value in after.items():
             assert not torch.equal(value, before[rt.name][key]), f"{rt.name}.{key} did not change"
-        engine_params = dict(rt.engine.model.named_parameters())
-        for key, value in rt.agent.model.named_parameters():
-            torch.testing.assert_close(engine_params[key], value, rtol=0, atol=0)  # the engine got the new weights
+        engine_state = rt.engine.model.state_dict()
+        for key, value in after.items():
+            torch.testing.assert_close(engine_state[key], value, rtol=0, atol=0)  # the engine got the new weights
         for metrics in history:
             assert torch.isfinite(torch.tensor(metrics[f"{rt.name}/hacpo/loss"]))
             assert metrics[f"{rt.name}/sync_logp_diff"] < 1e-3
@@ -80,10 +89,11 @@ def test_every_algorithm_trains_every_agent_and_syncs_engines(tmp_path, algorith
         assert 0.1 <= history[0]["llama/omega/qwen3"] <= 10
 
 
-def test_resumed_run_matches_uninterrupted(tmp_path):
-    full_exp = tiny_exp(tmp_path / "full", steps=4)
+@pytest.mark.parametrize("backend", ["hf", "megatron"])
+def test_resumed_run_matches_uninterrupted(tmp_path, backend):
+    full_exp = tiny_exp(tmp_path / "full", steps=4, backend=backend)
     _, full = run_with(full_exp)
-    exp = tiny_exp(tmp_path / "split", steps=4)
+    exp = tiny_exp(tmp_path / "split", steps=4, backend=backend)
     exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=2))
     first = loop.setup(exp)
     first.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
