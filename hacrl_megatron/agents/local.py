@@ -199,27 +199,44 @@ class LocalAgent:
 
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-        """Σ log π of each response [S] (float32, at ``temperature``) and its token count [S]; on every rank."""
+    def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """No-grad per-token log π of the response tokens, packed (:class:`LogProbOutput`), on every rank.
+
+        Each DP replica's last stage (TP rank 0) fills its slice of the sequences; one all-reduce
+        over the agent's world assembles the batch on every rank.
+        """
         enable_cpu_compat()
         t0 = time.perf_counter()
-        idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
-        sums = torch.zeros(len(batch), dtype=torch.float32, device=self._device())
-        done: list[torch.Tensor] = []
+        lens = batch.response_lens
+        cu = torch.zeros(len(batch) + 1, dtype=torch.long)
+        cu[1:] = torch.cumsum(lens, 0)
+        n_tok = int(cu[-1])
+        flat = torch.zeros(n_tok + len(batch), dtype=torch.float32, device=self._device())  # [tokens | sums]
+        tokens, sums = [], []
 
         def collect(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
-            done.append(lp.seq_logp_sum.detach())
+            tokens.append(lp.token_logps.detach().float())
+            sums.append(lp.seq_logp_sum.detach().float())
             return lp.seq_logp_sum.sum() * 0
 
+        micro = self._split(batch)
         self.model.eval()
-        run_schedule(self.model, self._split(batch), collect, temperature, self.head, forward_only=True)
+        run_schedule(self.model, micro, collect, temperature, self.head, forward_only=True)
         self.model.train()
         if self._reports():
-            sums[torch.tensor(idx, device=sums.device)] = torch.cat(done).float()
+            idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
+            flat[int(cu[idx[0]]) : int(cu[idx[-1] + 1])] = torch.cat(tokens)
+            flat[n_tok + idx[0] : n_tok + idx[-1] + 1] = torch.cat(sums)
         if self.info.world_size > 1:
-            torch.distributed.all_reduce(sums)
+            torch.distributed.all_reduce(flat)
+        flat = flat.cpu()
         self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - t0, 1e-9)
-        return sums.cpu(), batch.response_lens
+        return LogProbOutput(token_logps=flat[:n_tok], cu_seqlens=cu, seq_logp_sum=flat[n_tok:], seq_len=lens)
+
+    def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ log π of each response [S] (float32, at ``temperature``) and its token count [S]; on every rank."""
+        out = self.token_logprobs(batch, temperature)
+        return out.seq_logp_sum, out.seq_len
 
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch, m = 0..M-1 in order; one metrics dict per update

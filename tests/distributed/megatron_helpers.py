@@ -62,14 +62,18 @@ def sample_batch(seed: int = 1, lens: tuple[int, ...] = (7, 5, 9, 6), prompts: t
                          extras={"w": torch.linspace(0.5, 1.5, len(lens))})
 
 
-def hf_seq_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> torch.Tensor:
-    """[S] Σ log π of the response tokens under an HF model (the reference)."""
+def hf_token_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> list[torch.Tensor]:
+    """Per sequence, log π of each response token under an HF model (the reference)."""
     out = []
     for ids, p in zip(batch.input_ids, batch.prompt_lens.tolist()):
         logits = model(ids.unsqueeze(0)).logits[0].float() / temperature
-        lp = torch.log_softmax(logits, -1)[p - 1 : -1].gather(1, ids[p:].unsqueeze(1)).sum()
-        out.append(lp)
-    return torch.stack(out)
+        out.append(torch.log_softmax(logits, -1)[p - 1 : -1].gather(1, ids[p:].unsqueeze(1))[:, 0])
+    return out
+
+
+def hf_seq_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> torch.Tensor:
+    """[S] Σ log π of the response tokens under an HF model (the reference)."""
+    return torch.stack([t.sum() for t in hf_token_logprobs(model, batch, temperature)])
 
 
 def sft_loss(lp: Any, extras: dict[str, torch.Tensor], m: int, n: int) -> tuple[torch.Tensor, dict[str, float]]:

@@ -26,6 +26,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     agent_config,
     hf_reference_step,
     hf_seq_logprobs,
+    hf_token_logprobs,
     make_tiny_hf,
     model_logits,
     run_world,
@@ -81,6 +82,7 @@ def _check_arch(arch: str, layout: str, root: str, refs: dict) -> dict:
     logit_err = 0.0 if logits is None else float((logits - ref["logits"]).abs().max() / ref["logits"].abs().max())
     batch = sample_batch()
     lp, _ = agent.sequence_logprobs(batch, temperature=0.7)
+    tok = agent.token_logprobs(batch, temperature=0.7)
     exported = dict(agent.export_hf_weights())
     identical = set(exported) == set(ref["weights"]) and all(torch.equal(exported[k], ref["weights"][k]) for k in exported)
     (metrics,) = agent.train([batch], sft_loss)
@@ -88,6 +90,7 @@ def _check_arch(arch: str, layout: str, root: str, refs: dict) -> dict:
     out = {
         "logit_rel_err": _max_over_world(logit_err),
         "logprob_err": float((lp - ref["logprobs"]).abs().max()),
+        "token_logprob_err": float((tok.token_logps - ref["token_logprobs"]).abs().max()),
         "export_identical": identical,
         "step_err": step_err,
         "grad_norm_rel_err": abs(metrics["grad_norm"] - ref["grad_norm"]) / ref["grad_norm"],
@@ -116,8 +119,10 @@ def root(tmp_path_factory):
                    if not (hf.config.tie_word_embeddings and k == "lm_head.weight")}
         with torch.no_grad():
             logits, logprobs = hf(ids).logits, hf_seq_logprobs(hf, batch, temperature=0.7)
+            token_logprobs = torch.cat(hf_token_logprobs(hf, batch, temperature=0.7))
         stepped, norm = hf_reference_step(hf, batch, lr=LR)
-        refs[arch] = dict(ids=ids, logits=logits, logprobs=logprobs, weights=weights, stepped=stepped, grad_norm=norm)
+        refs[arch] = dict(ids=ids, logits=logits, logprobs=logprobs, token_logprobs=token_logprobs, weights=weights,
+                          stepped=stepped, grad_norm=norm)
     torch.save(refs, path / "refs.pt")
     return str(path)
 
@@ -132,6 +137,7 @@ def test_logits_and_logprobs_equal_hf(world, arch):
     layout, res = world
     assert res[arch]["logit_rel_err"] <= 1e-5, (layout, res[arch])
     assert res[arch]["logprob_err"] <= 1e-5, (layout, res[arch])
+    assert res[arch]["token_logprob_err"] <= 1e-5, (layout, res[arch])
 
 
 @pytest.mark.parametrize("arch", ARCHS)

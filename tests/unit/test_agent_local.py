@@ -17,6 +17,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     agent_config,
     hf_reference_step,
     hf_seq_logprobs,
+    hf_token_logprobs,
     make_tiny_hf,
     sample_batch,
     sft_loss,
@@ -42,6 +43,10 @@ def test_is_an_agent_handle_and_logprobs_match_hf(hf_dirs):
     assert sums.dtype == torch.float32 and torch.equal(lens, batch.response_lens)
     ref = hf_seq_logprobs(hf, batch, temperature=0.7)
     torch.testing.assert_close(sums, ref.detach(), rtol=1e-5, atol=1e-5)
+    tok = agent.token_logprobs(batch, temperature=0.7)  # packed per-token values (GRPO's old log-probs)
+    assert torch.equal(tok.seq_logp_sum, sums) and tok.cu_seqlens.tolist() == [0, 4, 7, 12, 17]
+    torch.testing.assert_close(tok.token_logps, torch.cat(hf_token_logprobs(hf, batch, 0.7)).detach(),
+                               rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("micro", [1, 4])
