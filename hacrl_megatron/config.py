@@ -72,6 +72,7 @@ class AgentConfig:
 
     name: str = "agent"
     backend: str = "megatron"  # megatron (megatron-core GPTModel) | hf (plain transformers + AdamW)
+    workers: str = "local"  # local: in the controller process | ray: its tp·pp·dp ranks as Ray actors
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."
@@ -365,6 +366,9 @@ def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
 def validate_agent(agent: AgentConfig, path: str) -> None:
     m, p = agent.model, agent.parallel
     _one_of(f"{path}.backend", agent.backend, BACKENDS)
+    _one_of(f"{path}.workers", agent.workers, ("local", "ray"))
+    _rule(agent.workers == "local" or agent.backend == "megatron", f"{path}.workers", agent.workers,
+          "Ray worker groups run Megatron agents: set backend: megatron")
     _rule(agent.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent.backend,
           "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
     _one_of(f"{path}.model.arch", m.arch, ARCHS)
@@ -382,6 +386,10 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
         _rule(m.num_kv_heads % p.tp == 0, f"{path}.parallel.tp", p.tp,
               f"must divide num_kv_heads={m.num_kv_heads}")
         _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
+    _rule(agent.workers == "ray" or (p.tp, p.pp, p.dp) == (1, 1, 1) or agent.backend != "megatron",
+          f"{path}.workers", agent.workers,
+          f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray "
+          "(local agents share the controller's single process)")
     _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
     _rule(agent.lr > 0, f"{path}.lr", agent.lr, "must be > 0")
     _rule(agent.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent.warmup_sft_lr, "must be > 0")

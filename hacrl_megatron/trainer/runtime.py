@@ -47,6 +47,9 @@ class AgentRuntime:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
+        shutdown = getattr(self.agent, "shutdown", None)  # Ray worker groups release their actors
+        if shutdown is not None:
+            shutdown()
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (DESIGN: sync/)."""
@@ -99,6 +102,10 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
         return HFAgent(cfg.name, model, lr=cfg.lr, micro_batch_size=t.micro_batch_size, grad_clip=t.grad_clip,
                        weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
                        lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule, total_updates=total_updates)
+    if cfg.workers == "ray":
+        from hacrl_megatron.agents.ray_agent import build_ray_agent
+
+        return build_ray_agent(cfg, model, t, total_updates)
     from hacrl_megatron.agents.local import LocalAgent
 
     return LocalAgent.from_hf_model(cfg, model, train=t, total_updates=total_updates)

@@ -174,3 +174,24 @@ def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
     finally:
         for rt in run.runtimes:
             rt.close()
+
+
+@pytest.mark.distributed
+def test_agents_with_different_layouts_train_side_by_side(tmp_path):
+    """Agent 0 at TP=2 as a Ray worker group (its own 2-rank gloo world), agent 1 local at TP=1."""
+    pytest.importorskip("ray")
+    exp = tiny_exp(tmp_path, backend="megatron")
+    first = dataclasses.replace(exp.agents[0], workers="ray", parallel=dataclasses.replace(exp.agents[0].parallel, tp=2))
+    exp = dataclasses.replace(exp, agents=[first, exp.agents[1]]).validate()
+    run = loop.setup(exp)
+    try:
+        run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+        before = {rt.name: exported(rt) for rt in run.runtimes}
+        history = [loop.train_step(run) for _ in range(2)]
+        for rt in run.runtimes:
+            after = exported(rt)
+            assert all(not torch.equal(after[k], before[rt.name][k]) for k in after)
+            assert all(m[f"{rt.name}/sync_logp_diff"] < 1e-3 for m in history)
+    finally:
+        for rt in run.runtimes:
+            rt.close()

@@ -23,7 +23,7 @@ def test_every_builtin_preset_loads_and_validates():
 
 
 def test_dotted_overrides_reach_nested_fields_and_list_items():
-    cfg = load_config("cpu_demo", ["hacpo.alpha=3", "agents.0.parallel.tp=2", "agents.0.model.num_heads=4",
+    cfg = load_config("cpu_demo", ["hacpo.alpha=3", "agents.0.parallel.tp=2", "agents.0.workers=ray", "agents.0.model.num_heads=4",
                                    "agents.0.model.num_kv_heads=2", "train.steps=7", "data.eval_benchmarks=[gsm8k, math500]"])
     assert cfg.hacpo.alpha == 3.0 and isinstance(cfg.hacpo.alpha, float)
     assert cfg.agents[0].parallel.tp == 2
@@ -58,6 +58,8 @@ def test_preset_from_path_with_base(tmp_path):
         ("agents.5.lr=1", "index '5' out of range"),
         ("noequals", "expected dotted.key=value"),
         ("agents.0.name=a-b", "must be an identifier"),
+        ("agents.0.parallel.tp=2", "needs its own world: set workers: ray"),
+        ("agents.0.workers=threads", "agents.0.workers='threads': must be one of"),
     ],
 )
 def test_bad_values_fail_before_work_with_named_field(override, fragment):
