@@ -28,7 +28,10 @@ def resolve_hf_dir(hf_path: str, cache_dir: str | None = None) -> str:
 
 def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | None = None) -> tuple[Any, TensorSource]:
     """(HF config, tensor source) of an HF directory, a GGUF file inside ``hf_path``, or ``"smollm2"``."""
-    from transformers import AutoConfig
+    try:
+        from transformers import AutoConfig
+    except ImportError as err:
+        raise ImportError("HF models need transformers: pip install transformers safetensors (gguf for GGUF)") from err
 
     path = resolve_hf_dir(hf_path, cache_dir)
     if gguf_file is not None:

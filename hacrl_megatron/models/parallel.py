@@ -72,6 +72,17 @@ def _init_process_group(backend: str) -> None:
     dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
 
 
+MEGATRON_HINT = "pip install 'megatron-core>=0.16.1,<0.20' psutil einops  (or: pip install -e '.[megatron]')"
+
+
+def require_megatron() -> None:
+    """Raise an ImportError that says what to install when megatron-core is missing."""
+    try:
+        import megatron.core  # noqa: F401
+    except ImportError as err:
+        raise ImportError(f"Megatron agents need megatron-core: {MEGATRON_HINT}") from err
+
+
 def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = None, seed: int = 0) -> ParallelInfo:
     """Initialise torch.distributed and megatron's parallel state with explicit sizes.
 
@@ -81,6 +92,7 @@ def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = N
     Raises :class:`ParallelStateError` when the world size is not ``tp * pp * dp`` or megatron was
     already initialised with other sizes.
     """
+    require_megatron()
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
     from megatron.core import tensor_parallel

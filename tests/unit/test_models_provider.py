@@ -122,3 +122,29 @@ def test_local_spec_parameter_names():
             "decoder.layers.0.self_attention.q_layernorm.weight", "decoder.layers.1.mlp.linear_fc1.weight",
             "decoder.final_layernorm.weight", "embedding.word_embeddings.weight"} <= names
     assert "output_layer.weight" not in names  # tied: the output layer reuses the embedding
+
+
+def test_missing_megatron_says_what_to_install(monkeypatch):
+    import builtins
+
+    from hacrl_megatron.models import parallel
+
+    real_import = builtins.__import__
+
+    def no_megatron(name, *args, **kwargs):
+        if name.startswith("megatron"):
+            raise ImportError("No module named 'megatron'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_megatron)
+    with pytest.raises(ImportError, match="pip install 'megatron-core"):
+        parallel.require_megatron()
+
+
+def test_light_imports_without_heavy_backends():
+    import subprocess
+    import sys
+
+    code = ("import sys; import hacrl_megatron.agents.local, hacrl_megatron.models.convert_cli; "
+            "assert not any(m.startswith(('megatron', 'transformers')) for m in sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
