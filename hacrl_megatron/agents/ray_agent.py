@@ -60,6 +60,41 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     return ray
 
 
+@dataclasses.dataclass(frozen=True)
+class SharedStateDict:
+    """An HF state dict as numpy arrays, which Ray's object store hands to every actor on a node
+    zero-copy (one shared-memory copy per node; torch tensors would be deserialized per rank).
+
+    arrays: name -> contiguous array (bfloat16 travels as its int16 bit pattern).
+    dtypes: name -> the torch dtype name to view the array as.
+    """
+
+    arrays: dict[str, Any]
+    dtypes: dict[str, str]
+
+    @classmethod
+    def from_tensors(cls, state: dict[str, torch.Tensor]) -> SharedStateDict:
+        arrays, dtypes = {}, {}
+        for name, t in state.items():
+            t = t.detach().cpu().contiguous()
+            dtypes[name] = str(t.dtype).removeprefix("torch.")
+            if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bits
+                t = t.view(torch.int16)
+            arrays[name] = t.numpy()
+        return cls(arrays, dtypes)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """Read-only tensor views of the arrays (the loader only slices and copies them)."""
+        import warnings
+
+        out = {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            for name, arr in self.arrays.items():
+                out[name] = torch.from_numpy(arr).view(getattr(torch, self.dtypes[name]))
+        return out
+
+
 # --------------------------------------------------------------------------------------------
 # one rank (runs inside a Ray actor process)
 
@@ -93,6 +128,8 @@ class RankWorker:
             torch.set_num_threads(threads)
         from hacrl_megatron.agents.local import LocalAgent
 
+        if isinstance(hf_checkpoint, SharedStateDict):
+            hf_checkpoint = hf_checkpoint.to_tensors()
         self.agent = LocalAgent(agent_cfg, train_cfg, vocab_size=vocab_size, hf_checkpoint=hf_checkpoint,
                                 hf_config=hf_config, total_updates=total_updates)
         return {"info": dataclasses.asdict(self.agent.info), "spec": self.agent.spec,
@@ -242,8 +279,8 @@ class RayAgent:
         bundle = {"CPU": float(cpus_per_rank), **({"GPU": 1.0} if use_gpu else {})}
         try:
             self._start(ray, agent, bundle, placement_timeout_s, env_vars or {})
-            if isinstance(hf_checkpoint, dict):
-                hf_checkpoint = ray.put(hf_checkpoint)  # one copy in the object store for all ranks
+            if isinstance(hf_checkpoint, dict):  # one shared-memory copy per node for all its ranks
+                hf_checkpoint = ray.put(SharedStateDict.from_tensors(hf_checkpoint))
             threads = 0 if use_gpu else cpus_per_rank
             refs = [w.setup.remote(env, threads, agent, train, hf_checkpoint, hf_config, vocab_size, total_updates)
                     for w, env in zip(self._workers, self._envs)]
@@ -259,9 +296,10 @@ class RayAgent:
     def from_hf_model(cls, agent: Any, hf_model: Any, *, train: Any, total_updates: int | None = None,
                       **placement: Any) -> RayAgent:
         """An agent initialised from an in-memory transformers causal LM (its config and weights),
-        the weights shipped to the ranks once via ``ray.put``; ``placement``: see the class."""
-        state = {k: v.detach().cpu() for k, v in hf_model.state_dict().items()}
-        return cls(agent, train, hf_checkpoint=state, hf_config=hf_model.config, total_updates=total_updates,
+        the weights shipped once via ``ray.put`` as a :class:`SharedStateDict`; ``placement``: see
+        the class. For models too large for one host's memory pass ``hf_checkpoint=<HF dir>`` on a
+        shared filesystem to the constructor instead: each rank then reads only its own shards."""
+        return cls(agent, train, hf_checkpoint=dict(hf_model.state_dict()), hf_config=hf_model.config, total_updates=total_updates,
                    **placement)
 
     # ----------------------------------------------------------------------------------------

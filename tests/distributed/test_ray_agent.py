@@ -26,6 +26,7 @@ pytest.importorskip("transformers")
 from hacrl_megatron.agents.ray_agent import (  # noqa: E402
     RayAgent,
     RayAgentError,
+    SharedStateDict,
     _rank_order,
     build_ray_agent,
     rank_envs,
@@ -47,7 +48,10 @@ QUIET = {"PYTHONWARNINGS": "ignore"}
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
     torch.set_num_threads(1)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False)
+    # no idle worker pool: every rank actor gets its own process anyway (runtime_env), and on two
+    # cores prestarting idle workers only slows the start
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
     yield
     ray.shutdown()
 
@@ -58,14 +62,19 @@ def _reference(arch: str, hf_model, batch) -> dict:
 
     local = LocalAgent.from_hf_model(agent_config(arch, lr=LR), hf_model, train=train_config())
     logprobs, lens = local.sequence_logprobs(batch)
+    tokens = local.token_logprobs(batch)
     (metrics,) = local.train([batch], sft_loss)
-    return {"logprobs": logprobs, "lens": lens, "metrics": metrics, "weights": dict(local.export_hf_weights())}
+    return {"logprobs": logprobs, "lens": lens, "tokens": tokens, "metrics": metrics,
+            "weights": dict(local.export_hf_weights())}
 
 
 def _check_against_reference(agent: RayAgent, ref: dict, batch) -> None:
     logprobs, lens = agent.sequence_logprobs(batch)
     torch.testing.assert_close(logprobs, ref["logprobs"], rtol=1e-5, atol=1e-5)
     assert torch.equal(lens, ref["lens"])
+    tokens = agent.token_logprobs(batch)  # GRPO's per-token old log-probs
+    torch.testing.assert_close(tokens.token_logps, ref["tokens"].token_logps, rtol=1e-5, atol=1e-5)
+    assert torch.equal(tokens.cu_seqlens, ref["tokens"].cu_seqlens)
     (metrics,) = agent.train([batch], sft_loss)
     assert metrics["loss"] == pytest.approx(ref["metrics"]["loss"], rel=1e-5)
     assert metrics["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
@@ -158,6 +167,15 @@ def test_rank_envs_keep_node_ranks_contiguous_and_gpus_visible():
     assert [e["CUDA_VISIBLE_DEVICES"] for e in envs] == ["3,5", "3,5", "0"]
     assert {e["MASTER_ADDR"] for e in envs} == {"10.0.0.1"} and envs[2]["WORLD_SIZE"] == "3"
     assert "CUDA_VISIBLE_DEVICES" not in rank_envs([{"ip": "h", "gpu_ids": []}], "h", 1)[0]
+
+
+def test_shared_state_dict_round_trips_every_dtype_bit_exactly():
+    state = {"w": torch.randn(3, 4), "b": torch.randn(5).to(torch.bfloat16), "h": torch.randn(2, 2).half().t()}
+    packed = SharedStateDict.from_tensors(state)
+    back = ray.get(ray.put(packed)).to_tensors()  # through the object store, as the ranks receive it
+    assert set(back) == set(state)
+    for k, v in state.items():
+        assert back[k].dtype == v.dtype and torch.equal(back[k], v), k
 
 
 def test_rank_order_groups_bundles_by_node():
