@@ -292,13 +292,19 @@ def build_gpt_model(
     from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
 
+    use_te = te if te is not None else use_transformer_engine()
+    if sequence_parallel and not use_te:
+        raise ParallelLayoutError(
+            "sequence_parallel=True needs the Transformer Engine layer spec (CUDA + transformer_engine); the local "
+            "spec's torch norms do not support it (megatron-core torch_norm.py)"
+        )
     config = transformer_config(spec, tp, pp, sequence_parallel)
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:
         kwargs.update(rope_scaling=True, rope_scaling_factor=spec.rope_scaling_factor)
     model = GPTModel(
         config=config,
-        transformer_layer_spec=layer_spec(spec, te),
+        transformer_layer_spec=layer_spec(spec, use_te),
         vocab_size=spec.padded_vocab_size(tp, vocab_divisible_by),
         max_sequence_length=spec.max_position_embeddings,
         pre_process=mpu.is_pipeline_first_stage(),

@@ -148,3 +148,10 @@ def test_light_imports_without_heavy_backends():
     code = ("import sys; import hacrl_megatron.agents.local, hacrl_megatron.models.convert_cli; "
             "assert not any(m.startswith(('megatron', 'transformers')) for m in sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only rule")
+def test_sequence_parallel_needs_transformer_engine():
+    init_parallel(1, 1, 1)
+    with pytest.raises(ParallelLayoutError, match="sequence_parallel=True needs the Transformer Engine"):
+        build_gpt_model(arch_from_hf(tiny_hf_config("llama")), sequence_parallel=True)
