@@ -146,7 +146,8 @@ class RankWorker:
         self._export = iter(self.agent.export_hf_weights())
 
     def export_bucket(self, max_bytes: int, keep: bool) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
-        """Next tensors of the export stream up to ``max_bytes`` (at least one): (names, tensors if ``keep``).
+        """Next tensors of the export stream up to ``max_bytes`` (at least one; none once the stream
+        is done): (names, tensors if ``keep``).
 
         Every rank must advance the stream together (each tensor is a TP gather / PP broadcast);
         tensors are identical on all ranks, so byte counts and bucket boundaries agree.
@@ -162,12 +163,6 @@ class RankWorker:
             if size >= max_bytes:
                 break
         return names, kept
-
-    def teardown(self) -> None:
-        from hacrl_megatron.models.parallel import destroy_parallel
-
-        self._export, self.agent = None, None
-        destroy_parallel()
 
 
 _REMOTE_CLASS: Any = None
@@ -265,6 +260,10 @@ class RayAgent:
                  hf_config: Any = None, total_updates: int | None = None, use_gpu: bool | None = None,
                  cpus_per_rank: int = 1, placement_timeout_s: float = 300.0, call_timeout_s: float | None = None,
                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, env_vars: dict[str, str] | None = None) -> None:
+        if cpus_per_rank < 1:
+            raise ValueError(f"cpus_per_rank={cpus_per_rank}: must be >= 1")
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket_bytes={bucket_bytes}: must be >= 1")
         ray = ensure_ray()
         self.name = agent.name
         self.layout = _layout(agent)
@@ -299,8 +298,8 @@ class RayAgent:
         the weights shipped once via ``ray.put`` as a :class:`SharedStateDict`; ``placement``: see
         the class. For models too large for one host's memory pass ``hf_checkpoint=<HF dir>`` on a
         shared filesystem to the constructor instead: each rank then reads only its own shards."""
-        return cls(agent, train, hf_checkpoint=dict(hf_model.state_dict()), hf_config=hf_model.config, total_updates=total_updates,
-                   **placement)
+        return cls(agent, train, hf_checkpoint=dict(hf_model.state_dict()), hf_config=hf_model.config,
+                   total_updates=total_updates, **placement)
 
     # ----------------------------------------------------------------------------------------
     def _start(self, ray: Any, agent: Any, bundle: dict[str, float], timeout_s: float, env_vars: dict) -> None:
@@ -319,11 +318,11 @@ class RayAgent:
         # Workers import hacrl_megatron from where this process does (an uninstalled checkout works too).
         root = str(Path(__file__).resolve().parents[2])
         path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-        runtime_env = {"env_vars": {"PYTHONPATH": path, "HACRL_AGENT": self.name, **env_vars}}
+        runtime_env = {"env_vars": {"PYTHONPATH": path, **env_vars}}
         cls = _remote_worker_class(ray)
         actors = [
             cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
-                        name=None, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        scheduling_strategy=PlacementGroupSchedulingStrategy(
                             placement_group=self._pg, placement_group_bundle_index=b)).remote(self.name)
             for b in range(self.world_size)
         ]

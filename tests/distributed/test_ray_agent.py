@@ -152,6 +152,17 @@ def test_layout_larger_than_cluster_is_refused_naming_agent_and_resources():
         RayAgent(agent_config("llama", tp=2, pp=2, dp=2, name="big"), train_config())
 
 
+def test_call_timeout_names_the_late_ranks_and_releases_the_placement():
+    from ray.util.placement_group import placement_group_table
+
+    before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    # starting an actor process takes seconds: a 0.2 s limit expires while the ranks start
+    with pytest.raises(RayAgentError, match=r"agent 't': start did not finish within 0.2 s on ranks \[0, 1\]"):
+        RayAgent(agent_config("llama", tp=2, name="t"), train_config(), call_timeout_s=0.2)
+    after = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
+    assert after == before
+
+
 def test_missing_ray_says_what_to_install(monkeypatch):
     monkeypatch.setitem(sys.modules, "ray", None)
     with pytest.raises(ImportError, match=r"pip install ray"):
