@@ -43,6 +43,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
 LR = 1e-3
 QUIET = {"PYTHONWARNINGS": "ignore"}
+CPU = {"use_gpu": False, "env_vars": QUIET}  # gloo ranks even where the Ray cluster has GPUs
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -68,23 +69,23 @@ def _reference(arch: str, hf_model, batch) -> dict:
             "weights": dict(local.export_hf_weights())}
 
 
-def _check_against_reference(agent: RayAgent, ref: dict, batch) -> None:
+def _check_against_reference(agent: RayAgent, ref: dict, batch, tol: float = 1e-5) -> None:
     logprobs, lens = agent.sequence_logprobs(batch)
-    torch.testing.assert_close(logprobs, ref["logprobs"], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(logprobs, ref["logprobs"].cpu(), rtol=tol, atol=tol)
     assert torch.equal(lens, ref["lens"])
     tokens = agent.token_logprobs(batch)  # GRPO's per-token old log-probs
-    torch.testing.assert_close(tokens.token_logps, ref["tokens"].token_logps, rtol=1e-5, atol=1e-5)
-    assert torch.equal(tokens.cu_seqlens, ref["tokens"].cu_seqlens)
+    torch.testing.assert_close(tokens.token_logps.cpu(), ref["tokens"].token_logps.cpu(), rtol=tol, atol=tol)
+    assert torch.equal(tokens.cu_seqlens.cpu(), ref["tokens"].cu_seqlens.cpu())
     (metrics,) = agent.train([batch], sft_loss)
-    assert metrics["loss"] == pytest.approx(ref["metrics"]["loss"], rel=1e-5)
-    assert metrics["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=1e-5)
+    assert metrics["loss"] == pytest.approx(ref["metrics"]["loss"], rel=tol)
+    assert metrics["grad_norm"] == pytest.approx(ref["metrics"]["grad_norm"], rel=tol)
     assert metrics["lr"] == ref["metrics"]["lr"] == LR
     exported = dict(agent.export_hf_weights())
     assert set(exported) == set(ref["weights"])
     # Adam's first step moves a weight by lr·g/(|g| + eps): where |g| ~ eps the TP = 2 vs TP = 1
     # summation-order noise decides the step (measured: 1 of 20k weights off by 2.5e-5), so allow a
     # few such weights, bounded by the step size itself; a wrong shard or tensor moves thousands.
-    errors = torch.cat([(exported[k] - ref["weights"][k]).abs().flatten() for k in exported])
+    errors = torch.cat([(exported[k].cpu() - ref["weights"][k].cpu()).abs().flatten() for k in exported])
     assert int((errors > 1e-2 * LR).sum()) <= 1e-3 * errors.numel(), errors.topk(5).values
     assert float(errors.max()) <= 2 * LR
     assert agent.stats()["updates"] == 1.0
@@ -94,7 +95,7 @@ def test_tp2_ray_agent_equals_tp1_local_and_checkpoints(tmp_path):
     hf = make_tiny_hf("llama", str(tmp_path / "hf"), seed=3)
     batch = sample_batch()
     ref = _reference("llama", hf, batch)
-    agent = build_ray_agent(agent_config("llama", tp=2, lr=LR), hf, train_config(), None, env_vars=QUIET)
+    agent = build_ray_agent(agent_config("llama", tp=2, lr=LR), hf, train_config(), None, **CPU)
     try:
         assert [i["tp_rank"] for i in agent.infos] == [0, 1] and agent.num_parameters() > 0
         _check_against_reference(agent, ref, batch)
@@ -127,8 +128,7 @@ def test_pp2_ray_agent_equals_tp1_local_and_names_failing_rank(tmp_path):
     hf = make_tiny_hf("qwen3", str(tmp_path / "hf"), seed=4)
     batch = sample_batch(seed=5)
     ref = _reference("qwen3", hf, batch)
-    agent = RayAgent.from_hf_model(agent_config("qwen3", pp=2, lr=LR, name="q"), hf, train=train_config(),
-                                   env_vars=QUIET)
+    agent = RayAgent.from_hf_model(agent_config("qwen3", pp=2, lr=LR, name="q"), hf, train=train_config(), **CPU)
     try:
         assert [i["pp_rank"] for i in agent.infos] == [0, 1]
         _check_against_reference(agent, ref, batch)
@@ -147,9 +147,27 @@ def test_pp2_ray_agent_equals_tp1_local_and_names_failing_rank(tmp_path):
     assert not agent._workers and agent._pg is None
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_gpu_ranks_get_one_gpu_each_and_match_local(tmp_path):
+    """GPU bundles + nccl: TP over two GPUs (one GPU: TP = 1), each rank remapped to its own device."""
+    tp = 2 if torch.cuda.device_count() >= 2 else 1
+    hf = make_tiny_hf("llama", str(tmp_path / "hf"), seed=3)
+    batch = sample_batch()
+    ref = _reference("llama", hf, batch)  # LocalAgent on this process's GPU
+    agent = build_ray_agent(agent_config("llama", tp=tp, lr=LR, name="g"), hf, train_config(), None, use_gpu=True,
+                            env_vars=QUIET)
+    try:
+        assert [i["tp_rank"] for i in agent.infos] == list(range(tp))
+        _check_against_reference(agent, ref, batch, tol=1e-4)  # GPU kernels sum in other orders
+        assert agent.stats()["peak_cuda_mib"] > 0
+    finally:
+        agent.shutdown()
+
+
 def test_layout_larger_than_cluster_is_refused_naming_agent_and_resources():
     with pytest.raises(RayAgentError, match=r"agent 'big' \(tp=2, pp=2, dp=2: 8 ranks\).*CPU: needs 8, cluster has 4"):
-        RayAgent(agent_config("llama", tp=2, pp=2, dp=2, name="big"), train_config())
+        RayAgent(agent_config("llama", tp=2, pp=2, dp=2, name="big"), train_config(), use_gpu=False)
 
 
 def test_call_timeout_names_the_late_ranks_and_releases_the_placement():
@@ -158,7 +176,7 @@ def test_call_timeout_names_the_late_ranks_and_releases_the_placement():
     before = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
     # starting an actor process takes seconds: a 0.2 s limit expires while the ranks start
     with pytest.raises(RayAgentError, match=r"agent 't': start did not finish within 0.2 s on ranks \[0, 1\]"):
-        RayAgent(agent_config("llama", tp=2, name="t"), train_config(), call_timeout_s=0.2)
+        RayAgent(agent_config("llama", tp=2, name="t"), train_config(), call_timeout_s=0.2, use_gpu=False)
     after = {k for k, v in placement_group_table().items() if v["state"] != "REMOVED"}
     assert after == before
 
@@ -202,7 +220,7 @@ def test_trainer_drives_two_ray_agents_with_different_layouts(tmp_path, monkeypa
     from tests.e2e.test_trainer import run_with, tiny_exp
 
     monkeypatch.setattr(runtime, "build_agent", lambda cfg, model, exp, total_updates: build_ray_agent(
-        cfg, model, exp.train, total_updates, env_vars=QUIET))
+        cfg, model, exp.train, total_updates, **CPU))
     exp = tiny_exp(tmp_path, "hacpo", backend="megatron")
     exp.agents[0].parallel.tp = 2
     run, history = run_with(exp)
