@@ -44,15 +44,15 @@ def _env(env_vars: dict[str, str] | None) -> dict[str, str]:
     return {"PYTHONUNBUFFERED": "1", **(env_vars or {})}
 
 
-def local_executor(*, env_vars: dict[str, str] | None = None, ntasks_per_node: int = 1, **extra: Any) -> Any:
-    """Run on this machine (a subprocess; the CPU demo, tests, a single GPU box).
+def local_executor(*, env_vars: dict[str, str] | None = None, **extra: Any) -> Any:
+    """Run on this machine (one subprocess: the CPU demo, tests, a single GPU box; Ray agents start
+    a private Ray instance inside it).
 
     PYTHONPATH starts with this checkout, so ``python -m hacrl_megatron`` works uninstalled.
     """
     run = require_nemo_run()
     path = os.pathsep.join(p for p in (PACKAGE_ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    return run.LocalExecutor(ntasks_per_node=ntasks_per_node, env_vars={"PYTHONPATH": path, **_env(env_vars)},
-                             **extra)
+    return run.LocalExecutor(env_vars={"PYTHONPATH": path, **_env(env_vars)}, **extra)
 
 
 def slurm_executor(account: str, partition: str | None, nodes: int, gpus_per_node: int | None,
