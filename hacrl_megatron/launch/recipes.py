@@ -106,6 +106,7 @@ def launch_train(preset: str | None, overrides: list[str] | None, executor: Any,
     run = require_nemo_run()
     task = build_task(preset, overrides, executor, subcommand=subcommand, ray_cluster=ray_cluster,
                       extra_args=extra_args, **ray_script)
+    # exp._id / exp._exp_dir: NeMo-Run 0.11 has no public accessor for the id it prints and stores
     with run.Experiment(name, base_dir=base_dir, log_level="WARN") as exp:
         exp.add(task, executor=executor, name=name)
         if dryrun:
