@@ -37,8 +37,9 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
 LR = 1e-3
-LAYOUTS = {"tp2": (2, 1, 1, False), "pp2": (1, 2, 1, False), "dp2": (1, 1, 2, True)}
-SAVED_ARCH = {"tp2": "llama", "pp2": "qwen2", "dp2": "qwen3"}
+LAYOUTS = {"tp2": (2, 1, 1, False), "pp2": (1, 2, 1, False), "dp2": (1, 1, 2, True), "tp2pp2": (2, 2, 1, False)}
+DEFAULT_LAYOUTS = ("tp2", "pp2", "dp2")  # tp2pp2 (4 processes) runs in the slow step
+SAVED_ARCH = {"tp2": "llama", "pp2": "qwen2", "dp2": "qwen3", "tp2pp2": "llama"}
 
 
 def _full_logits(agent, ids: torch.Tensor):
@@ -127,7 +128,7 @@ def root(tmp_path_factory):
     return str(path)
 
 
-@pytest.fixture(scope="module", params=list(LAYOUTS))
+@pytest.fixture(scope="module", params=DEFAULT_LAYOUTS)
 def world(request, root):
     return request.param, run_world(_world, 2, (request.param, root), root)
 
@@ -156,10 +157,24 @@ def test_training_step_equals_single_process_hf(world, arch):
 
 def test_checkpoint_reshards_to_one_process(world, root):
     """Saved at TP = 2 / PP = 2 / DP = 2 (distributed optimizer), loaded at TP = PP = DP = 1 here."""
+    _check_reshard(*world, root)
+
+
+@pytest.mark.slow
+def test_tp2_pp2_world(root):
+    """4 ranks: TP gathers and PP broadcasts together (export), both paths, training, checkpoint."""
+    res = run_world(_world, 4, ("tp2pp2", root), root)
+    for arch in ARCHS:
+        r = res[arch]
+        assert r["logit_rel_err"] <= 1e-5 and r["logprob_err"] <= 1e-5 and r["token_logprob_err"] <= 1e-5, r
+        assert r["export_identical"] and r["step_err"] <= 1e-2 * LR and r["grad_norm_rel_err"] <= 1e-5, r
+    _check_reshard("tp2pp2", res, root)
+
+
+def _check_reshard(layout: str, res: dict, root: str) -> None:
     from hacrl_megatron.agents.local import LocalAgent
     from hacrl_megatron.models.convert import CheckpointMismatchError
 
-    layout, res = world
     arch, dist_opt = SAVED_ARCH[layout], LAYOUTS[layout][3]
     path = os.path.join(root, f"ck_{layout}")
     agent = LocalAgent(agent_config(arch, os.path.join(root, arch), lr=LR, dist_opt=dist_opt), train_config())
