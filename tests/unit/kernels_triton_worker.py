@@ -69,6 +69,9 @@ def invariance():
     hidden.requires_grad_(False)
     runs = [sequence_logprobs(hidden, weight, targets, cu, impl="triton").token_logps for _ in range(2)]
     ok = {"two_runs": bool(torch.equal(runs[0], runs[1]))}
+    grads = [torch.autograd.grad(sequence_logprobs(hidden, weight, targets, cu, impl="triton").seq_logp_sum.sum(),
+                                 weight)[0] for _ in range(2)]
+    ok["backward_two_runs"] = bool(torch.equal(grads[0], grads[1]))
     full = sequence_logprobs(hidden, weight, targets, cu, impl="triton")
     alone_ok = True
     for s, (a, b) in enumerate([(0, 16), (16, 17), (17, 32), (32, 64)]):

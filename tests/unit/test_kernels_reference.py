@@ -119,6 +119,15 @@ def test_batch_invariant_and_deterministic():
     assert torch.equal(shuffled.seq_logp_sum, full.seq_logp_sum[order])
 
 
+def test_backward_is_deterministic():
+    hidden, weight, targets, cu = make_case(50, 16, 200, lens=[20, 30], dtype=torch.float32)
+    runs = []
+    for _ in range(2):
+        out = sequence_logprobs(hidden, weight, targets, cu, temperature=0.9, impl="reference", chunk_size=8)
+        runs.append(torch.autograd.grad(out.seq_logp_sum.sum(), (hidden, weight)))
+    assert all(torch.equal(a, b) for a, b in zip(*runs))
+
+
 class _LargestTensor(TorchDispatchMode):
     def __init__(self):
         super().__init__()
