@@ -240,6 +240,23 @@ def rank_envs(infos: list[dict[str, Any]], master_addr: str, master_port: int) -
 # the controller-side handle
 
 
+@dataclasses.dataclass
+class PendingCall:
+    """An SPMD call in flight on every rank of ``agent`` (one object ref per rank, rank order)."""
+
+    agent: RayAgent
+    refs: list[Any]
+    what: str
+
+    def results(self) -> list[Any]:
+        """Wait; every rank's result (a failure tears the agent's world down, see RayAgent)."""
+        return self.agent._gather(self.refs, self.what)
+
+    def result(self) -> Any:
+        """Wait; rank 0's result (LocalAgent makes results identical on every rank)."""
+        return self.results()[0]
+
+
 class RayAgent:
     """One Megatron agent whose ``tp*pp*dp`` ranks are Ray actors (see module docstring).
 
@@ -365,12 +382,16 @@ class RayAgent:
                                     f"({type(err).__name__}: {err}); the agent's workers were shut down") from err
         return results
 
-    def _call(self, method: str, *args: Any, what: str | None = None) -> list[Any]:
-        """``LocalAgent.<method>(*args)`` on every rank; arguments cross the object store once."""
+    def _submit(self, method: str, *args: Any) -> PendingCall:
+        """Start ``LocalAgent.<method>(*args)`` on every rank; arguments cross the object store once."""
         ray = require_ray()
         self._check_alive()
         arg_refs = [ray.put(a) for a in args]
-        return self._gather([w.call.remote(method, *arg_refs) for w in self._workers], what or method)
+        return PendingCall(self, [w.call.remote(method, *arg_refs) for w in self._workers], method)
+
+    def _call(self, method: str, *args: Any) -> list[Any]:
+        """Every rank's result of ``LocalAgent.<method>(*args)``, in rank order."""
+        return self._submit(method, *args).results()
 
     def _check_alive(self) -> None:
         if self._dead is not None:
@@ -392,7 +413,13 @@ class RayAgent:
 
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1); ``loss_fn`` is cloudpickled to every rank."""
-        return self._call("train", list(mini_batches), loss_fn, temperature)[0]
+        return self.train_async(mini_batches, loss_fn, temperature).result()
+
+    def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> PendingCall:
+        """:meth:`train` started without waiting: agents on disjoint resources then update concurrently
+        (``[a.train_async(...) for a in agents]``, then ``.result()`` each). Later calls on the same
+        agent queue behind it."""
+        return self._submit("train", list(mini_batches), loss_fn, temperature)
 
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors (gathered across TP/PP), streamed from rank 0 in ``bucket_bytes`` buckets.

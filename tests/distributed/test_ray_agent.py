@@ -105,7 +105,8 @@ def test_tp2_ray_agent_equals_tp1_local_and_checkpoints(tmp_path):
         assert [n for n, _ in agent.export_hf_weights()] == list(ref["weights"])
         saved_lp, _ = agent.sequence_logprobs(batch)
         agent.save(str(tmp_path / "ck"))
-        agent.train([batch], sft_loss)
+        pending = agent.train_async([batch], sft_loss)  # returns at once; the ranks update meanwhile
+        assert pending.result()[0]["lr"] == LR
         assert not torch.allclose(agent.sequence_logprobs(batch)[0], saved_lp, atol=1e-5)
         agent.load(str(tmp_path / "ck"))
         torch.testing.assert_close(agent.sequence_logprobs(batch)[0], saved_lp, rtol=1e-6, atol=1e-6)
