@@ -1,7 +1,10 @@
 """The AgentHandle protocol: everything the HACRL loop asks of one agent.
 
-Implementations: :class:`hacrl_megatron.agents.local.LocalAgent` (megatron-core in the controller
-process, tests and the CPU demo). The loop never knows which implementation it drives.
+Implementations: :class:`~hacrl_megatron.agents.local.LocalAgent` (megatron-core in the controller
+process: tests, the CPU demo), :class:`~hacrl_megatron.agents.ray_agent.RayAgent` (an agent's
+TP×PP×DP ranks as Ray actors in their own world: clusters, mixed layouts) and
+:class:`~hacrl_megatron.agents.hf.HFAgent` (plain transformers, the reference). The loop never knows
+which implementation it drives.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from hacrl_megatron.agents.batch import LossFn, SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 
 
 @runtime_checkable
@@ -20,6 +23,9 @@ class AgentHandle(Protocol):
 
     def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """No-grad per-sequence Σ log π of the response tokens [S] (float32) and token counts [S]."""
+
+    def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """No-grad per-token log-probs of the response tokens, packed (GRPO's π_old)."""
 
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1, in order); returns one metrics dict each."""
