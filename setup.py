@@ -14,14 +14,17 @@ extras = {
     "triton": ["triton>=3.0"],
     "data": ["datasets>=3.0", "math-verify>=0.7"],
     "hf": ["transformers>=4.57", "tokenizers>=0.20", "safetensors", "gguf>=0.10", "accelerate"],
-    "launch": ["nemo-run>=0.4", "leptonai==0.27.3", "ray"],
+    # Ray: the worker-group agent (agents.N.workers=ray) and multi-node runs
+    "ray": ["ray>=2.40"],
+    # NeMo-Run launchers; leptonai newer than 0.27.3 breaks `import nemo_run` (feasibility.md §6)
+    "launch": ["nemo-run>=0.11", "leptonai==0.27.3", "ray>=2.40"],
     "sglang": ["sglang>=0.5"],  # GPU only: the srt server needs CUDA kernels
     "log": ["tensorboard", "matplotlib"],
     "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff"],
 }
 # The everyday CPU install: everything the demo and the test suite exercise.
 extras["cpu"] = sorted(
-    set(extras["megatron"] + extras["triton"] + extras["data"] + extras["hf"] + extras["log"])
+    set(extras["megatron"] + extras["triton"] + extras["data"] + extras["hf"] + extras["log"] + extras["ray"])
 )
 extras["all"] = sorted(set(extras["cpu"] + extras["dev"] + extras["launch"]))
 
