@@ -92,3 +92,23 @@ def test_fused_hacpo_triton_matches_reference_on_cuda():
     torch.testing.assert_close(out["triton"][0], out["reference"][0], rtol=1e-4, atol=1e-5)
     for a, b in zip(out["triton"][1:], out["reference"][1:]):
         torch.testing.assert_close(a.float(), b.float(), rtol=3e-2, atol=1e-4)
+
+
+@pytest.mark.parametrize("impl", ["triton", "reference"])
+def test_on_policy_ratio_is_exactly_one_on_cuda(impl):
+    """Old log-probs over the whole batch, new ones in a reordered sub-batch: s = 1 exactly."""
+    from hacrl_megatron.config import HACPOConfig
+
+    hidden, weight, targets, cu = _case(torch.bfloat16, seed=2)
+    with torch.no_grad():
+        old = sequence_logprobs(hidden, weight, targets, cu, impl=impl)
+    pick = [3, 1, 4]
+    bounds = list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+    idx = torch.cat([torch.arange(*bounds[s], device="cuda") for s in pick])
+    lens = torch.tensor([LENS[s] for s in pick], device="cuda")
+    cu_mb = torch.cat([torch.zeros(1, dtype=torch.long, device="cuda"), lens.cumsum(0)])
+    _, metrics = fused_hacpo_loss(
+        hidden[idx], weight, targets[idx], cu_mb, source_logp_sum=old.seq_logp_sum[pick], source_len=lens,
+        advantages=torch.tensor([1.0, -1.0, 0.5], device="cuda"), is_self=torch.ones(3, dtype=torch.bool, device="cuda"),
+        discrepancy=torch.ones(3, device="cuda"), update_index=0, cfg=HACPOConfig(), impl=impl)
+    assert metrics["self_ratio_min"] == 1.0 and metrics["self_ratio_max"] == 1.0

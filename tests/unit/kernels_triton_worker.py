@@ -52,7 +52,7 @@ def compare(n, h, v, lens, temperature, dtype=torch.float32, vocab_size=None):
     res["sum"] = _max_err(a.seq_logp_sum, b.seq_logp_sum)
     res["dh"], res["dw"] = _max_err(dha, dhb), _max_err(dwa, dwb)
     res["dtypes"] = [str(a.token_logps.dtype), str(dha.dtype), str(dwa.dtype)]
-    res["scale"] = float(b.token_logps.abs().max())
+    res["scale"] = float(b.token_logps.detach().abs().max())
     if vocab_size is not None:
         res["pad_grad_zero"] = bool((dwa[vocab_size:] == 0).all())
     return res

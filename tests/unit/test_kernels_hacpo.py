@@ -15,7 +15,7 @@ import torch
 
 from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
 from hacrl_megatron.config import HACPOConfig
-from hacrl_megatron.kernels import fused_hacpo_loss, fused_sequence_loss
+from hacrl_megatron.kernels import fused_hacpo_loss, fused_sequence_loss, sequence_logprobs
 
 torch.set_num_threads(1)
 
@@ -147,3 +147,23 @@ def test_rejects_mismatched_sequence_tensors_and_token_level_algorithms():
     with pytest.raises(ValueError, match="grpo"):
         fused_hacpo_loss(hidden, weight, targets, cu, update_index=0,
                          cfg=dataclasses.replace(HACPOConfig(), algorithm="grpo"), **seq)
+
+
+def test_on_policy_ratio_is_exactly_one_across_batch_compositions():
+    """Old log-probs from the whole step batch, new ones inside a differently composed mini-batch:
+    the same kernel path gives s = 1 exactly (no spurious self clipping at ε ≈ 3e-4)."""
+    hidden, weight, targets, cu = make_inputs(torch.float32)
+    with torch.no_grad():
+        old = sequence_logprobs(hidden, weight, targets, cu, impl="reference")
+    pick = [6, 2, 4]  # a mini-batch: three sequences in another order
+    bounds = list(zip(cu[:-1].tolist(), cu[1:].tolist()))
+    idx = torch.cat([torch.arange(*bounds[s]) for s in pick])
+    lens = torch.tensor([LENS[s] for s in pick])
+    cu_mb = torch.tensor([0, *lens.cumsum(0).tolist()])
+    loss, metrics = fused_hacpo_loss(
+        hidden[idx], weight, targets[idx], cu_mb, source_logp_sum=old.seq_logp_sum[pick], source_len=lens,
+        advantages=torch.tensor([1.0, -1.0, 0.5]), is_self=torch.ones(3, dtype=torch.bool),
+        discrepancy=torch.ones(3), update_index=0, cfg=HACPOConfig(), impl="reference")
+    assert metrics["self_ratio_min"] == 1.0 and metrics["self_ratio_max"] == 1.0
+    assert metrics["self_clipfrac"] == 0.0
+    assert float(loss.detach()) == pytest.approx(-(1.0 - 1.0 + 0.5) / 3, rel=1e-6)
