@@ -4,6 +4,7 @@
     hacrl pretrain [--preset ...] [overrides ...]              supervised warm-up of every agent (cached)
     hacrl eval ...                                             evaluate an agent on benchmarks
     hacrl convert ...                                          HF / GGUF ↔ Megatron checkpoints
+    hacrl launch ...                                           submit a job through NeMo-Run
     hacrl config [--preset ...] [overrides ...]                print the resolved, validated config
     hacrl presets                                              list built-in presets
 
@@ -28,6 +29,7 @@ DEFAULT_PRESET = "cpu_demo"
 EXTERNAL_COMMANDS = {
     "eval": ("hacrl_megatron.eval.cli", "evaluate agents on benchmarks (avg@k, pass@k, best@k)"),
     "convert": ("hacrl_megatron.models.convert_cli", "convert HF/GGUF checkpoints to Megatron and back"),
+    "launch": ("hacrl_megatron.launch.cli", "run a hacrl job through NeMo-Run (local, Slurm + Ray cluster, Docker)"),
 }
 
 

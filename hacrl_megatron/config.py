@@ -28,6 +28,7 @@ ARCHS = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang")
 BACKENDS = ("megatron", "hf")
+WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
 
 
@@ -72,7 +73,8 @@ class AgentConfig:
 
     name: str = "agent"
     backend: str = "megatron"  # megatron (megatron-core GPTModel) | hf (plain transformers + AdamW)
-    workers: str = "local"  # local: in the controller process | ray: its tp·pp·dp ranks as Ray actors
+    workers: str = "auto"  # auto: ray when tp·pp·dp > 1 else local | local: in the controller process |
+    # ray: its tp·pp·dp ranks as Ray actors in their own world (clusters; mixed layouts)
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."
@@ -366,8 +368,8 @@ def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
 def validate_agent(agent: AgentConfig, path: str) -> None:
     m, p = agent.model, agent.parallel
     _one_of(f"{path}.backend", agent.backend, BACKENDS)
-    _one_of(f"{path}.workers", agent.workers, ("local", "ray"))
-    _rule(agent.workers == "local" or agent.backend == "megatron", f"{path}.workers", agent.workers,
+    _one_of(f"{path}.workers", agent.workers, WORKERS)
+    _rule(agent.workers != "ray" or agent.backend == "megatron", f"{path}.workers", agent.workers,
           "Ray worker groups run Megatron agents: set backend: megatron")
     _rule(agent.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent.backend,
           "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
@@ -386,9 +388,8 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
         _rule(m.num_kv_heads % p.tp == 0, f"{path}.parallel.tp", p.tp,
               f"must divide num_kv_heads={m.num_kv_heads}")
         _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
-    _rule(agent.workers == "ray" or (p.tp, p.pp, p.dp) == (1, 1, 1) or agent.backend != "megatron",
-          f"{path}.workers", agent.workers,
-          f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray "
+    _rule(agent.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent.workers,
+          f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
           "(local agents share the controller's single process)")
     _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
     _rule(agent.lr > 0, f"{path}.lr", agent.lr, "must be > 0")

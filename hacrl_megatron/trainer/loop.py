@@ -87,18 +87,25 @@ def train_step(run: Run) -> dict[str, float]:
     omega = run.tracker.omega()
     metrics = stages.reward_metrics(data, run.names)
     loss_fn = stages.make_loss_fn(exp)
-    for rt in run.runtimes:
+    launched = []
+    for rt in run.runtimes:  # agents with their own workers (Ray) update concurrently with the others
         batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
         if exp.hacpo.algorithm == "grpo":
             minis = [stages.with_token_count(mb) for mb in minis]
-        per_update = rt.agent.train(minis, loss_fn, exp.rollout.temperature)
+        start_async = getattr(rt.agent, "train_async", None)
+        if start_async is not None:
+            launched.append((rt, len(batch), start_async(minis, loss_fn, exp.rollout.temperature)))
+        else:
+            launched.append((rt, len(batch), rt.agent.train(minis, loss_fn, exp.rollout.temperature)))
+    for rt, num_sequences, result in launched:
+        per_update = result if isinstance(result, list) else result.result()
         for key in per_update[0]:
             metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
         metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
         for other in run.runtimes:
             metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
-        metrics[f"{rt.name}/sequences"] = float(len(batch))
+        metrics[f"{rt.name}/sequences"] = float(num_sequences)
     lap("train")
     probe = prompts[0]
     for rt in run.runtimes:

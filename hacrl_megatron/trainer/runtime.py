@@ -102,7 +102,8 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
         return HFAgent(cfg.name, model, lr=cfg.lr, micro_batch_size=t.micro_batch_size, grad_clip=t.grad_clip,
                        weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
                        lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule, total_updates=total_updates)
-    if cfg.workers == "ray":
+    p = cfg.parallel
+    if cfg.workers == "ray" or (cfg.workers == "auto" and p.tp * p.pp * p.dp > 1):
         from hacrl_megatron.agents.ray_agent import build_ray_agent
 
         return build_ray_agent(cfg, model, t, total_updates)

@@ -8,7 +8,7 @@ from hacrl_megatron.cli import build_parser, main
 
 def test_help_lists_only_working_commands():
     names = set(build_parser()._subparsers._group_actions[0].choices)
-    assert {"train", "pretrain", "config", "presets", "eval", "convert"} <= names
+    assert {"train", "pretrain", "config", "presets", "eval", "convert", "launch"} <= names
 
 
 def test_bad_override_exits_2_with_named_field(capsys):

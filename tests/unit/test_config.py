@@ -23,7 +23,7 @@ def test_every_builtin_preset_loads_and_validates():
 
 
 def test_dotted_overrides_reach_nested_fields_and_list_items():
-    cfg = load_config("cpu_demo", ["hacpo.alpha=3", "agents.0.parallel.tp=2", "agents.0.workers=ray", "agents.0.model.num_heads=4",
+    cfg = load_config("cpu_demo", ["hacpo.alpha=3", "agents.0.parallel.tp=2", "agents.0.model.num_heads=4",
                                    "agents.0.model.num_kv_heads=2", "train.steps=7", "data.eval_benchmarks=[gsm8k, math500]"])
     assert cfg.hacpo.alpha == 3.0 and isinstance(cfg.hacpo.alpha, float)
     assert cfg.agents[0].parallel.tp == 2
@@ -58,14 +58,24 @@ def test_preset_from_path_with_base(tmp_path):
         ("agents.5.lr=1", "index '5' out of range"),
         ("noequals", "expected dotted.key=value"),
         ("agents.0.name=a-b", "must be an identifier"),
-        ("agents.0.parallel.tp=2", "needs its own world: set workers: ray"),
+        ("agents.0.workers=local", None),
         ("agents.0.workers=threads", "agents.0.workers='threads': must be one of"),
     ],
 )
 def test_bad_values_fail_before_work_with_named_field(override, fragment):
+    if fragment is None:  # valid alone: checked with its partner below
+        load_config("cpu_demo", [override])
+        return
     with pytest.raises(ConfigError) as err:
         load_config("cpu_demo", [override])
     assert fragment in str(err.value)
+
+
+def test_local_workers_cannot_hold_a_parallel_layout():
+    with pytest.raises(ConfigError, match="needs its own world: set workers: ray or auto"):
+        load_config("cpu_demo", ["agents.0.workers=local", "agents.0.parallel.tp=2"])
+    with pytest.raises(ConfigError, match="Ray worker groups run Megatron agents"):
+        load_config("cpu_demo", ["agents.0.workers=ray", "agents.0.backend=hf"])
 
 
 def test_hacpo_needs_two_agents_but_gspo_runs_alone():
