@@ -2,8 +2,10 @@
 
 The interpreter (``test_kernels_triton.py``) checks the kernels' arithmetic but not that the
 compiler accepts them; Triton's ahead-of-time path (``triton.compile`` with a ``GPUTarget``, the
-ptxas bundled in the wheel) runs without a device and catches type and lowering errors. bf16 must
-lower ``tl.dot`` to Hopper's warp-group MMA (``wgmma``). Runs in a subprocess so that an
+ptxas bundled in the wheel) runs without a device and catches type and lowering errors. Pointers,
+strides and K are declared 16-divisible, as a launch with H % 16 == 0 specialises them; then bf16
+must lower ``tl.dot`` to Hopper's warp-group MMA (``wgmma``) and the K loop must be software-
+pipelined (``cp.async`` multi-buffering). Runs in a subprocess so that an
 interpreter setting elsewhere in the pytest process cannot swap the kernels for interpreted ones.
 """
 
@@ -45,14 +47,20 @@ def signature(fn, dtype, const):
             sig[name] = "fp32" if name == "temperature" else "i32"
     return sig
 
+def aligned(fn):
+    # what a real launch specialises for 16-byte aligned tensors and 16-divisible ints
+    names = [i for i, n in enumerate(fn.arg_names) if n.endswith("_ptr") or n.startswith("stride") or n == "K"]
+    return {(i,): [["tt.divisibility", 16]] for i in names}
+
 out = {}
 for dtype, even_k in (("bf16", True), ("bf16", False), ("fp32", True)):
     const = dict(BLOCK_M=128, BLOCK_V=128, BLOCK_K=64, PRECISION="ieee" if dtype == "fp32" else "tf32",
                  UPCAST=False, EVEN_K=even_k)
     for fn in (ti._shard_stats_kernel, ti._grad_logits_kernel):
-        kernel = triton.compile(ASTSource(fn, signature(fn, dtype, const), const), target=GPUTarget("cuda", 90, 32),
-                                options={"num_warps": 8, "num_stages": 3})
-        out[f"{fn.__name__}/{dtype}/{even_k}"] = {"wgmma": "wgmma" in kernel.asm["ptx"],
+        src = ASTSource(fn, signature(fn, dtype, const), const, attrs=aligned(fn))
+        kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 8, "num_stages": 3})
+        ptx = kernel.asm["ptx"]
+        out[f"{fn.__name__}/{dtype}/{even_k}"] = {"wgmma": "wgmma" in ptx, "cp_async": "cp.async" in ptx,
                                                   "cubin_bytes": len(kernel.asm["cubin"])}
 print(json.dumps(out))
 """
@@ -68,3 +76,5 @@ def test_kernels_compile_for_sm90():
     for name, info in out.items():
         assert info["cubin_bytes"] > 1000, name
         assert info["wgmma"] == ("/bf16/" in name), (name, info)  # fp32 'ieee' stays on FMA units
+        if "/bf16/" in name:
+            assert info["cp_async"], (name, info)
