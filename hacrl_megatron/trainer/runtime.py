@@ -9,6 +9,7 @@ inside the rollout engine, which from then on only changes through weight sync.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -147,5 +148,6 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
         server, engine = start_sglang(exp, cfg, model, tokenizer)
     else:
         engine = HFEngine(copy.deepcopy(model), tokenizer)
-    agent = build_agent(cfg, model, exp, total_updates)
+    # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
+    agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), model, exp, total_updates)
     return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine, server=server)
