@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import warnings
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,13 +60,26 @@ class AgentRuntime:
         return sync_weights(self.agent, self.engine)
 
 
+EXPECTED_CPU_WARNINGS = (
+    "Transformer Engine and Apex are not installed",
+    "Apex is not installed",
+    "full scope is deprecated",
+    ".*tp_group is None",
+    "When using async grad allreduce",
+)
+
+
 def configure_process(exp: ExperimentConfig) -> None:
     """Seed, CPU threads, and quiet per-call progress bars of transformers (our bar shows progress)."""
     from transformers.utils import logging as hf_logging
 
     torch.manual_seed(exp.train.seed)
-    if exp.train.cpu_threads and not torch.cuda.is_available():
-        torch.set_num_threads(exp.train.cpu_threads)
+    if not torch.cuda.is_available():
+        if exp.train.cpu_threads:
+            torch.set_num_threads(exp.train.cpu_threads)
+        # expected on CPU: megatron-core announces its torch fallbacks for TE/Apex at import
+        for message in EXPECTED_CPU_WARNINGS:
+            warnings.filterwarnings("ignore", message=message)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
 
