@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import warnings
 import logging
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
