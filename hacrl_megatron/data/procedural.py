@@ -21,6 +21,7 @@ problem, so no eval problem is ever trained on.
 
 from __future__ import annotations
 
+import abc
 import hashlib
 import random
 import re
@@ -53,7 +54,7 @@ def _is_eval_key(key: str) -> bool:
     return int.from_bytes(digest[:8], "big") % EVAL_BUCKETS == 0
 
 
-class ProceduralTask:
+class ProceduralTask(abc.ABC):
     """Base class: deterministic train stream, disjoint eval stream, SFT targets.
 
     Subclasses set ``name`` and ``kind`` and implement ``_generate(rng) -> _Problem``.
@@ -72,8 +73,9 @@ class ProceduralTask:
         self.difficulty = difficulty
         self.seed = seed
 
+    @abc.abstractmethod
     def _generate(self, rng: random.Random) -> _Problem:
-        raise NotImplementedError
+        """One problem drawn with ``rng`` (each task defines its own)."""
 
     def _problem(self, split: str, index: int) -> _Problem:
         rng = random.Random(f"hacrl/{self.name}/d{self.difficulty}/s{self.seed}/{split}/{index}")

@@ -22,6 +22,7 @@ Layout facts this relies on (megatron-core GPTModel, local and TE specs):
 
 from __future__ import annotations
 
+import abc
 import json
 import os
 import re
@@ -84,17 +85,20 @@ def plan_for(spec: ArchSpec, name: str, layer_offset: int) -> Plan:
 # HF tensor sources
 
 
-class TensorSource:
+class TensorSource(abc.ABC):
     """Named HF tensors with optional contiguous slicing along dim 0 or 1 (read only that part)."""
 
+    @abc.abstractmethod
     def keys(self) -> set[str]:
-        raise NotImplementedError
+        """Names of all tensors."""
 
+    @abc.abstractmethod
     def shape(self, name: str) -> tuple[int, ...]:
-        raise NotImplementedError
+        """Full shape of tensor ``name``."""
 
+    @abc.abstractmethod
     def get(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
-        raise NotImplementedError
+        """Tensor ``name``, or only rows/columns [start, stop) along ``dim``."""
 
 
 class DictSource(TensorSource):
