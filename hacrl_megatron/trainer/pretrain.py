@@ -39,11 +39,18 @@ def needs_warmup(exp: ExperimentConfig, agent: AgentConfig) -> bool:
 
 
 def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
-    """Cache folder of agent ``index``'s warm-up; the hash covers every input that shapes it."""
+    """Cache folder of agent ``index``'s warm-up.
+
+    The hash covers exactly what shapes the warm-up weights (architecture, tokenizer, prompt
+    template, backend numerics, warm-up schedule, task and data, seeds), not unrelated fields such
+    as the RL learning rate or the rollout GPUs, so adding config fields never orphans a cache.
+    """
     agent = exp.agents[index]
     key = {
-        "agent": dataclasses.asdict(dataclasses.replace(agent, lr=0.0, init_checkpoint=None)),
-        "task": [exp.data.task, exp.data.difficulty, exp.data.seed],
+        "model": dataclasses.asdict(agent.model), "tokenizer": agent.tokenizer,
+        "prompt_template": agent.prompt_template, "backend": agent.backend,
+        "sft": [agent.warmup_sft_lr, agent.warmup_sft_target, agent.warmup_sft_max_steps, agent.warmup_sft_batch],
+        "task": [exp.data.task, exp.data.difficulty, exp.data.seed, exp.data.path],
         "seed": exp.train.seed, "index": index, "max_response_len": exp.rollout.max_response_len,
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]

@@ -211,3 +211,18 @@ def test_agents_start_from_an_hf_checkpoint_dir(tmp_path, backend):
     assert set(got) <= set(expected) and len(got) >= len(expected) - 1  # tied lm_head may be exported once
     for key, value in got.items():
         torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
+
+
+def test_warmup_cache_key_tracks_only_what_shapes_the_weights(tmp_path):
+    from hacrl_megatron.trainer.pretrain import warmup_dir
+
+    exp = tiny_exp(tmp_path)
+    base = warmup_dir(exp, 0)
+    same = dataclasses.replace(exp, agents=[dataclasses.replace(exp.agents[0], lr=0.5, rollout_gpu_ids=[3]),
+                                            exp.agents[1]])
+    assert warmup_dir(same, 0) == base  # RL learning rate and rollout GPUs do not shape the warm-up
+    other_data = dataclasses.replace(exp, data=dataclasses.replace(exp.data, path="elsewhere.jsonl"))
+    assert warmup_dir(other_data, 0) != base
+    other_model = dataclasses.replace(exp, agents=[dataclasses.replace(
+        exp.agents[0], model=dataclasses.replace(exp.agents[0].model, hidden_size=64)), exp.agents[1]])
+    assert warmup_dir(other_model, 0) != base
