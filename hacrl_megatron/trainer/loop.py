@@ -102,6 +102,10 @@ def train_step(run: Run) -> dict[str, float]:
         per_update = result if isinstance(result, list) else result.result()
         for key in per_update[0]:
             metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
+        first = per_update[0]
+        if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
+            # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
+            metrics[f"{rt.name}/hacpo/onpolicy_ratio_dev"] = max(first["self_ratio_max"] - 1, 1 - first["self_ratio_min"])
         metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
         for other in run.runtimes:
             metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
