@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+
 from hacrl_megatron.algo import CapabilityTracker, positive_rate
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.sync import check_sync
@@ -65,6 +67,50 @@ def setup(exp: ExperimentConfig) -> Run:
     return Run(exp, runtimes, exchange, tracker, verifier, task, task.eval_set(exp.data.eval_size))
 
 
+def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:
+    """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
+    exp, metrics, launched = run.exp, {}, []
+    loss_fn = stages.make_loss_fn(exp)
+    for rt in run.runtimes:
+        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
+        minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
+        if exp.hacpo.algorithm == "grpo":
+            minis = [stages.with_token_count(mb) for mb in minis]
+        start_async = getattr(rt.agent, "train_async", None)
+        train = start_async if start_async is not None else rt.agent.train
+        launched.append((rt, len(batch), train(minis, loss_fn, exp.rollout.temperature)))
+    for rt, num_sequences, result in launched:
+        per_update = result if isinstance(result, list) else result.result()
+        for key in per_update[0]:
+            metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
+        first = per_update[0]
+        if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
+            # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
+            metrics[f"{rt.name}/hacpo/onpolicy_ratio_dev"] = max(first["self_ratio_max"] - 1, 1 - first["self_ratio_min"])
+        metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
+        for other in run.runtimes:
+            metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
+        metrics[f"{rt.name}/sequences"] = float(num_sequences)
+    return metrics
+
+
+def _sync_engines(run: Run, probe) -> dict[str, float]:
+    """Push every agent's weights into its engine and check them on a probe sequence."""
+    metrics = {}
+    for rt in run.runtimes:
+        rt.sync_weights()
+        response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
+        diff = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response, run.exp.rollout.temperature)
+        if diff is not None:
+            metrics[f"{rt.name}/sync_logp_diff"] = diff
+        gen = rt.engine.stats()
+        metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
+        metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
+        for key, value in rt.agent.stats().items():
+            metrics[f"{rt.name}/trainer/{key}"] = float(value)
+    return metrics
+
+
 def train_step(run: Run) -> dict[str, float]:
     """One HACRL step for every agent; returns namespaced metrics."""
     exp, step, timings = run.exp, run.step, {}
@@ -86,43 +132,9 @@ def train_step(run: Run) -> dict[str, float]:
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     omega = run.tracker.omega()
     metrics = stages.reward_metrics(data, run.names)
-    loss_fn = stages.make_loss_fn(exp)
-    launched = []
-    for rt in run.runtimes:  # agents with their own workers (Ray) update concurrently with the others
-        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
-        minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
-        if exp.hacpo.algorithm == "grpo":
-            minis = [stages.with_token_count(mb) for mb in minis]
-        start_async = getattr(rt.agent, "train_async", None)
-        if start_async is not None:
-            launched.append((rt, len(batch), start_async(minis, loss_fn, exp.rollout.temperature)))
-        else:
-            launched.append((rt, len(batch), rt.agent.train(minis, loss_fn, exp.rollout.temperature)))
-    for rt, num_sequences, result in launched:
-        per_update = result if isinstance(result, list) else result.result()
-        for key in per_update[0]:
-            metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
-        first = per_update[0]
-        if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
-            # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
-            metrics[f"{rt.name}/hacpo/onpolicy_ratio_dev"] = max(first["self_ratio_max"] - 1, 1 - first["self_ratio_min"])
-        metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
-        for other in run.runtimes:
-            metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
-        metrics[f"{rt.name}/sequences"] = float(num_sequences)
+    metrics.update(_update_learners(run, data, omega, step))
     lap("train")
-    probe = prompts[0]
-    for rt in run.runtimes:
-        rt.sync_weights()
-        response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
-        diff = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response, exp.rollout.temperature)
-        if diff is not None:
-            metrics[f"{rt.name}/sync_logp_diff"] = diff
-        gen = rt.engine.stats()
-        metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
-        metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
-        for key, value in rt.agent.stats().items():
-            metrics[f"{rt.name}/trainer/{key}"] = float(value)
+    metrics.update(_sync_engines(run, probe=prompts[0]))
     lap("sync")
     metrics.update(run.exchange.pop_metrics(""))  # per-step statistics
     metrics.update(timings)
