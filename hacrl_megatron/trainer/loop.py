@@ -22,6 +22,7 @@ from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.metrics import MetricsLogger
+from hacrl_megatron.trainer.runtime import export_hf
 
 logger = logging.getLogger(__name__)
 
@@ -196,6 +197,8 @@ def train(exp: ExperimentConfig) -> Run:
                 _save(run)
         if run.history:
             out.write(accuracy_table(run.history, exp))
+        for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
+            out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
     finally:
         out.close()
         run.verifier.close()

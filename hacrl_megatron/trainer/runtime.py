@@ -31,6 +31,7 @@ class AgentRuntime:
     agent: Any  # AgentHandle
     engine: Any  # RolloutEngine
     server: Any = None  # SGLangServer when rollout.engine == "sglang"
+    hf_config: Any = None  # the agent's transformers config (for HF exports)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -164,4 +165,23 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
         engine = HFEngine(copy.deepcopy(model), tokenizer)
     # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
     agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), model, exp, total_updates)
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine, server=server)
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine, server=server,
+                        hf_config=model.config)
+
+
+def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
+    """Write the agent as a standalone HF folder (weights, config, tokenizer) for deployment, atomically."""
+    import os
+    import shutil
+
+    from hacrl_megatron.models.convert import save_hf_checkpoint
+
+    tied = bool(getattr(rt.hf_config, "tie_word_embeddings", False))
+    stream = ((name, t) for name, t in rt.agent.export_hf_weights() if not (tied and name == "lm_head.weight"))
+    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    save_hf_checkpoint(stream, rt.hf_config, str(tmp))
+    rt.tokenizer.save_pretrained(tmp)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp, out_dir)
+    return out_dir

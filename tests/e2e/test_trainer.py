@@ -12,6 +12,7 @@ import json
 import pytest
 import torch
 
+from hacrl_megatron.agents.batch import SequenceBatch
 from hacrl_megatron.config import ExperimentConfig, from_dict
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer import loop
@@ -148,6 +149,18 @@ def test_full_train_writes_metrics_checkpoints_and_table(tmp_path, capsys):
     assert [p.name for p in (tmp_path / "run" / "checkpoints").glob("step-*")] == ["step-000002"]  # keep=1
     assert "| llama |" in capsys.readouterr().out
     assert run.step == 2
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hacrl_megatron.rollout.hf_engine import hf_sequence_logprob
+
+    for rt in run.runtimes:  # the exported folder is a standalone HF model scoring like the trainer
+        folder = tmp_path / "run" / "final" / rt.name
+        model = AutoModelForCausalLM.from_pretrained(folder)
+        assert AutoTokenizer.from_pretrained(folder).encode("3+4") == rt.tokenizer.encode("3+4")
+        prompt, response = rt.prompt_ids("3+4=?"), rt.tokenizer.encode("\\boxed{7}")
+        batch_sum, _ = rt.agent.sequence_logprobs(
+            SequenceBatch((torch.tensor(prompt + response),), torch.tensor([len(prompt)])))
+        assert hf_sequence_logprob(model, prompt, response) == pytest.approx(float(batch_sum[0]), abs=1e-4)
 
 
 def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
