@@ -6,16 +6,14 @@ from hacrl_megatron.config import ExperimentConfig
 
 
 def evaluate_agents(runtimes, records, verifier, max_new_tokens: int) -> dict[str, float]:
-    """Greedy (temperature 0) accuracy of each agent on ``records``: {agent name: mean reward}."""
-    from hacrl_megatron.reward.verify import RewardRequest
-    from hacrl_megatron.rollout.types import SamplingParams
+    """Greedy (temperature 0) accuracy of each agent on ``records``: {agent name: avg@1}."""
+    from hacrl_megatron.eval.evaluate import evaluate
 
-    params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
     out = {}
     for rt in runtimes:
-        completions = rt.engine.generate([rt.prompt_ids(r.question) for r in records], params)
-        scores = verifier.score([RewardRequest(r.kind, c[0].text, r.answer) for r, c in zip(records, completions)])
-        out[rt.name] = sum(scores) / max(len(scores), 1)
+        result = evaluate(rt.engine, rt.tokenizer, {"eval": records}, greedy=True, max_new_tokens=max_new_tokens,
+                          verifier=verifier, template=rt.cfg.prompt_template, model_name=rt.name)
+        out[rt.name] = result.benchmarks["eval"].primary
     return out
 
 
