@@ -1,26 +1,13 @@
 """tools/compare.py: a tiny real comparison (2 steps, 1 seed, hf backend, no warm-up), shared
 warm-up checkpoints across methods, resumability and input errors."""
 
-import importlib.util
 import json
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from hacrl_megatron.config import ConfigError
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
+from tests.unit.tool_loading import load_tool
 
 cmp = load_tool("compare")
 P, G, STEPS = 2, 2, 2

@@ -1,22 +1,11 @@
 """tools/plot_metrics.py on synthetic metrics.jsonl files: curves, PNG output, errors."""
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_tool(name):
-    spec = importlib.util.spec_from_file_location(f"tools_{name}", ROOT / "tools" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file executes
-    spec.loader.exec_module(module)
-    return module
-
+from tests.unit.tool_loading import load_tool
 
 pm = load_tool("plot_metrics")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
