@@ -16,7 +16,7 @@ extras = {
     "hf": ["transformers>=4.57", "tokenizers>=0.20", "safetensors", "gguf>=0.10", "accelerate"],
     # Ray: the worker-group agent (agents.N.workers=ray) and multi-node runs
     "ray": ["ray>=2.40"],
-    # NeMo-Run launchers; leptonai newer than 0.27.3 breaks `import nemo_run` (feasibility.md §6)
+    # NeMo-Run launchers; leptonai newer than 0.27.3 breaks `import nemo_run` (docs/measured.md §4)
     "launch": ["nemo-run>=0.11", "leptonai==0.27.3", "ray>=2.40"],
     "sglang": ["sglang>=0.5"],  # GPU only: the srt server needs CUDA kernels
     "log": ["tensorboard", "matplotlib"],

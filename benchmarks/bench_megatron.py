@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-# the calibrated CPU-demo agents (research/calibration.md) and a wider-vocab one
+# the calibrated CPU-demo agents (docs/measured.md §8) and a wider-vocab one
 PRESETS = {
     "llama_h128_l4_v32": dict(arch="llama", hidden_size=128, num_layers=4, num_heads=4, num_kv_heads=4,
                               ffn_hidden_size=512, vocab_size=32),

@@ -79,7 +79,7 @@ class AgentConfig:
     tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    lr: float = 1e-6  # AdamW learning rate (spec §7: 1e-6 in the paper)
+    lr: float = 1e-6  # AdamW learning rate (docs/algorithm.md §7: 1e-6 in the paper)
     init_checkpoint: str | None = None  # Megatron or HF checkpoint to start from (e.g. SFT warm-up)
     warmup_sft_lr: float = 1e-3  # learning rate of the supervised warm-up (`hacrl pretrain`)
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
@@ -98,7 +98,7 @@ class RolloutConfig:
     top_p: float = 1.0
     max_prompt_len: int = 1024
     max_response_len: int = 4096
-    eos_mode: str = "learner_eos"  # spec §6: learner_eos | source_eos_text | no_eos
+    eos_mode: str = "learner_eos"  # docs/algorithm.md §6: learner_eos | source_eos_text | no_eos
     # SGLang (engine: sglang): one server per agent, started by the trainer
     sglang_tp: int = 1  # tensor-parallel size of each agent's server
     sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
@@ -110,7 +110,7 @@ class RolloutConfig:
 
 @dataclass
 class HACPOConfig:
-    """HACPO and its baselines/ablations (spec §4-5, §8; paper eq. 6-14)."""
+    """HACPO and its baselines/ablations (docs/algorithm.md §4-5, §8; paper eq. 6-14)."""
 
     algorithm: str = "hacpo"  # hacpo | gspo | gspo_x2 | grpo | naive
     alpha: float = 1.0  # exponential IS exponent α ≥ 0 (eq. 13)
@@ -130,7 +130,7 @@ class HACPOConfig:
     uniform_guard: bool = True  # A = 0 when all nG raw rewards of a prompt are equal
     baseline_guard: bool = True  # μ > max_reward ⇒ μ = mean of learner's own rewards
     max_reward: float = 1.0
-    max_abs_log_ratio: float = 10.0  # clamp |log s| (spec §3)
+    max_abs_log_ratio: float = 10.0  # clamp |log s| (docs/algorithm.md §3)
 
 
 @dataclass

@@ -1,11 +1,11 @@
-"""Compare HACPO with its baselines (spec §8, §10) on one preset over several seeds.
+"""Compare HACPO with its baselines (docs/algorithm.md §8, §10) on one preset over several seeds.
 
     python tools/compare.py [--preset cpu_demo] [--methods hacpo gspo_x2 naive] [--seeds 0 1 2]
                             [--set train.steps=40 agents.0.backend=hf ...] [--out runs/compare] [--jobs 2]
 
 Every (method, seed) run trains with the same ``train.steps`` and ``train.mini_batches``, so each
 agent makes the same number of optimizer updates under every method; only the rollouts differ
-(GSPO×2 samples 2G responses per prompt, spec §8). Runs of one seed share one SFT warm-up
+(GSPO×2 samples 2G responses per prompt, docs/algorithm.md §8). Runs of one seed share one SFT warm-up
 checkpoint: the warm-up cache key (trainer/pretrain.py ``warmup_dir``) covers ``train.seed`` and the
 agent configs but not ``hacpo.algorithm`` — checked before anything runs. Warm-ups run first, one
 task per seed (``pretrain_all``), then the RL runs, at most ``--jobs`` processes at a time, each with one
@@ -302,7 +302,7 @@ def run_result(spec: RunSpec) -> dict:
         curve = [(int(r["step"]), r[key]) for r in rows if key in r]
         if not curve:
             raise CompareError(f"{path}: no {key!r} rows (was evaluation on?)")
-        # the cross window exists only in HACPO (Naive clips cross samples with the self clip, spec §8)
+        # the cross window exists only in HACPO (Naive clips cross samples with the self clip, docs/algorithm.md §8)
         clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if spec.method == "hacpo"
                 and f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
         self_clip = [r[f"{agent.name}/hacpo/self_clipfrac"] for r in rows if f"{agent.name}/hacpo/self_clipfrac" in r]

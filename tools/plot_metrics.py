@@ -7,7 +7,7 @@ metric names without the agent prefix (STYLE rule 12: ``llama/hacpo/cross_clipfr
 ``hacpo/cross_clipfrac`` of agent ``llama``) or run-wide names such as ``time/train_s``. One subplot
 per key, one line per (run, agent), x = RL step. Default keys: reward_mean (mean verifier reward of
 the agent's own rollouts), eval_accuracy (greedy held-out accuracy), hacpo/cross_clipfrac (share of
-cross samples with nonzero advantage outside the cross window, spec §5) and capability (P̂, spec §1);
+cross samples with nonzero advantage outside the cross window, docs/algorithm.md §5) and capability (P̂, docs/algorithm.md §1);
 a default key that no run logged is left out, an asked-for one is an error.
 """
 
@@ -28,8 +28,8 @@ DEFAULT_KEYS = ("reward_mean", "eval_accuracy", "hacpo/cross_clipfrac", "capabil
 TITLES = {
     "reward_mean": "mean reward of own rollouts",
     "eval_accuracy": "greedy eval accuracy",
-    "hacpo/cross_clipfrac": "cross-sample clip fraction (spec §5)",
-    "capability": "capability P̂ (spec §1)",
+    "hacpo/cross_clipfrac": "cross-sample clip fraction (docs/algorithm.md §5)",
+    "capability": "capability P̂ (docs/algorithm.md §1)",
 }
 
 

@@ -49,7 +49,7 @@ class SequenceBatch:
 
     @property
     def response_lens(self) -> torch.Tensor:
-        """[S] int64: response tokens per sequence (L_k of spec §3)."""
+        """[S] int64: response tokens per sequence (L_k of docs/algorithm.md §3)."""
         return torch.tensor([ids.numel() for ids in self.input_ids], dtype=torch.long) - self.prompt_lens
 
     def select(self, index: torch.Tensor | list[int]) -> SequenceBatch:

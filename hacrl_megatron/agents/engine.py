@@ -130,7 +130,7 @@ def install_hidden_head(model: torch.nn.Module) -> None:
 
 
 def response_logprobs(output: torch.Tensor, mb: MicroBatch, temperature: float, head: LMHead) -> LogProbOutput:
-    """Per-token log π(y_t) of the response tokens at ``temperature`` (logits / T, spec §3).
+    """Per-token log π(y_t) of the response tokens at ``temperature`` (logits / T, docs/algorithm.md §3).
 
     output: the last stage's model output, [B, T, V_pad/tp] logits ("megatron") or [B, T, H]
         hidden states (kernel path); only the N rows that predict response tokens are used.

@@ -2,9 +2,9 @@
 
 Every rank of the agent's world constructs one ``LocalAgent`` and makes the same calls (SPMD); in
 the CPU demo the world is the controller process itself (TP = PP = DP = 1), and several agents
-share it because they share megatron's parallel state of sizes 1 (DESIGN.md "local" mode).
+share it because they share megatron's parallel state of sizes 1 (docs/architecture.md, "local" mode).
 
-Training (spec §7): for each mini-batch m the sequences are split over data-parallel ranks, then
+Training (docs/algorithm.md §7): for each mini-batch m the sequences are split over data-parallel ranks, then
 into micro-batches of ``train.micro_batch_size`` sequences; ``loss_fn`` returns each micro-batch's
 loss already divided by the mini-batch's global sequence count, and gradients are **summed** over
 micro-batches and DP ranks (``calculate_per_token_loss=True`` turns off megatron's division by the

@@ -1,6 +1,6 @@
 """``RayAgent``: an :class:`~hacrl_megatron.agents.handle.AgentHandle` whose ranks are Ray actors.
 
-DESIGN.md "One agent = one Megatron world": the agent's TP×PP×DP ranks are ``tp*pp*dp`` Ray actors
+docs/architecture.md, "One agent = one Megatron world": the agent's TP×PP×DP ranks are ``tp*pp*dp`` Ray actors
 in one placement group (one bundle per rank: 1 CPU, plus 1 GPU on GPU clusters; STRICT_PACK when
 the group fits one node so TP stays on NVLink, else PACK). Each actor joins its own
 ``torch.distributed`` world (gloo on CPU, nccl on GPU; the rendezvous port is picked on rank 0's

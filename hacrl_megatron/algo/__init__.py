@@ -1,4 +1,4 @@
-"""The HACPO algorithm as pure tensor functions (HACPO_SPEC §1-8). No I/O, no collectives.
+"""The HACPO algorithm as pure tensor functions (docs/algorithm.md §1-8). No I/O, no collectives.
 
 Public contract::
 

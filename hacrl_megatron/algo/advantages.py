@@ -1,4 +1,4 @@
-"""Capability-aware advantage estimation (HACPO_SPEC §2; paper eq. 6-7, App. E eq. 50)."""
+"""Capability-aware advantage estimation (docs/algorithm.md §2; paper eq. 6-7, App. E eq. 50)."""
 
 from __future__ import annotations
 

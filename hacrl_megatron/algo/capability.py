@@ -1,4 +1,4 @@
-"""Capability P̂ and capability ratio ω (HACPO_SPEC §1; paper eq. 8-9)."""
+"""Capability P̂ and capability ratio ω (docs/algorithm.md §1; paper eq. 8-9)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 
 
 def positive_rate(rewards: torch.Tensor) -> float:
-    """P^(k)_τ of spec §1: fraction of one agent's responses in the whole step batch with reward > 0.
+    """P^(k)_τ of docs/algorithm.md §1: fraction of one agent's responses in the whole step batch with reward > 0.
 
     rewards: any shape, all of one agent's rewards of the current step. Empty → 0.0.
     """

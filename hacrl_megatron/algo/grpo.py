@@ -1,4 +1,4 @@
-"""GRPO's token-level clipped objective, the GRPO baseline of HACPO_SPEC §8.
+"""GRPO's token-level clipped objective, the GRPO baseline of docs/algorithm.md §8.
 
 J_t = min(r_t·A, clip(r_t, 1 − ε_low, 1 + ε_high)·A),  r_t = π_θ(y_t)/π_old(y_t),
 with ε_low = 0.2, ε_high = 0.28 (clip-higher) and token-mean aggregation over the global number

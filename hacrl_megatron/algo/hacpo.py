@@ -1,4 +1,4 @@
-"""Sequence ratios and the HACPO objective (HACPO_SPEC §3-5, §7-8; paper eq. 10-14, 50).
+"""Sequence ratios and the HACPO objective (docs/algorithm.md §3-5, §7-8; paper eq. 10-14, 50).
 
 Per sequence y of source agent j, seen by learner k:
 
@@ -8,7 +8,7 @@ Per sequence y of source agent j, seen by learner k:
   lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14).
 
 The loss is −Σ J / (global number of sequences of the mini-batch), so summing micro-batch losses
-gives exactly the full mini-batch loss and gradient (spec §7).
+gives exactly the full mini-batch loss and gradient (docs/algorithm.md §7).
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def hacpo_sequence_objective(
     update_index: int,
     cfg: HACPOConfig,
 ) -> torch.Tensor:
-    """Per-sequence objective J [S] of spec §4-5, differentiable through ``log_ratio``.
+    """Per-sequence objective J [S] of docs/algorithm.md §4-5, differentiable through ``log_ratio``.
 
     Args:
         log_ratio: [S] log s from :func:`sequence_log_ratio`.
@@ -81,7 +81,7 @@ def hacpo_sequence_objective(
         is_self: [S] bool, True where the source agent is the learner.
         discrepancy: [S] ω^(j,k) = clip(P̂_j / P̂_k) for each sequence's source j (1 for self).
         update_index: m, optimizer updates already made by this learner in this step.
-        cfg: algorithm and ablation switches (spec §8). ``naive`` applies GSPO's clip to every
+        cfg: algorithm and ablation switches (docs/algorithm.md §8). ``naive`` applies GSPO's clip to every
             sequence with no coefficient and α = 0; ``gspo``/``gspo_x2`` treat every sequence as self.
     """
     _check_inputs(log_ratio, advantages, is_self, discrepancy)
@@ -156,7 +156,7 @@ def hacpo_loss(
     cfg: HACPOConfig,
     num_sequences: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss = −Σ J / num_sequences (spec §7) and metrics.
+    """Loss = −Σ J / num_sequences (docs/algorithm.md §7) and metrics.
 
     ``num_sequences`` is the **global** number of sequences in the mini-batch (across
     micro-batches and data-parallel ranks); it defaults to this call's S. Returns a scalar

@@ -1,4 +1,4 @@
-"""Local loaders for the paper's datasets (spec §9), normalised to :class:`PromptRecord`.
+"""Local loaders for the paper's datasets (docs/algorithm.md §9), normalised to :class:`PromptRecord`.
 
 Nothing downloads: each dataset is read from a local jsonl/json/parquet file through HF
 ``datasets`` (imported lazily). Where the file is found:

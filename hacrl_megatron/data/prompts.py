@@ -1,4 +1,4 @@
-"""Per-agent prompt formatting (spec §6: each agent formats the prompt with its own template).
+"""Per-agent prompt formatting (docs/algorithm.md §6: each agent formats the prompt with its own template).
 
 - Chat path: the agent's tokenizer has a chat template → one user turn holding the question and
   ``CHAT_INSTRUCTION``, rendered with ``apply_chat_template(..., add_generation_prompt=True,

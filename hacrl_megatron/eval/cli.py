@@ -3,7 +3,7 @@
     hacrl eval --agent runs/demo/final/a --agent runs/demo/final/b --benchmarks addition gsm8k \\
         --data gsm8k=data/gsm8k/test.jsonl --max-new-tokens 16 --out runs/demo/eval
 
-Paper protocol (spec §9): ``--benchmarks math500 math gsm8k aime2025 amc23 minerva olympiadbench
+Paper protocol (docs/algorithm.md §9): ``--benchmarks math500 math gsm8k aime2025 amc23 minerva olympiadbench
 --max-new-tokens 8192`` with greedy avg@1, plus ``--sample --k 30`` for AIME2025's best@30.
 """
 

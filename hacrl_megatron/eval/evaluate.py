@@ -2,7 +2,7 @@
 
 Each agent is evaluated alone (at inference agents do not collaborate): its prompts are formatted
 with its own template (:func:`hacrl_megatron.data.format_prompt`), sampled by its engine, scored by
-the shared verifier. The paper's protocol (spec §9): avg@1 on MATH-500, MATH, GSM8K, AMC23,
+the shared verifier. The paper's protocol (docs/algorithm.md §9): avg@1 on MATH-500, MATH, GSM8K, AMC23,
 Minerva, OlympiadBench and best@30 on AIME2025; the table's "average" is the mean of each
 benchmark's primary metric (:data:`PAPER_PRIMARY`).
 """

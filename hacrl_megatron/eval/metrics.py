@@ -1,7 +1,7 @@
 """Per-problem accuracy estimators: avg@n, pass@k (unbiased), best@k.
 
 Definitions (c = correct samples among n drawn for one problem; a sample is correct when its
-reward is > 0, spec §1's convention — math rewards are binary):
+reward is > 0, the convention of docs/algorithm.md §1 — math rewards are binary):
 
 - avg@n  = c / n, averaged over problems. With n = 1 greedy this is the paper's avg@1.
 - pass@k = 1 − C(n − c, k) / C(n, k), averaged over problems: the unbiased estimator of "at

@@ -1,4 +1,4 @@
-"""exchange stage: tokenizer-neutral trajectories and each learner's re-tokenized view (spec §3, §6).
+"""exchange stage: tokenizer-neutral trajectories and each learner's re-tokenized view (docs/algorithm.md §3, §6).
 
 ``import hacrl_megatron.exchange`` needs only the standard library; tokenizers are loaded lazily
 through :func:`load_tokenizer` (transformers + tokenizers).

@@ -1,4 +1,4 @@
-"""Tokenizer-neutral trajectory records and a learner's tokenized view of one (spec §3, §6).
+"""Tokenizer-neutral trajectory records and a learner's tokenized view of one (docs/algorithm.md §3, §6).
 
 A :class:`Trajectory` is what crosses from one agent to the others: text plus the source's own
 ids, the shared reward, and the source's log-prob sum under π_old with its token count (the
@@ -22,7 +22,7 @@ class Trajectory:
 
     Fields:
         prompt_id: id of the :class:`~hacrl_megatron.data.records.PromptRecord` it answers.
-        source: name of the agent that sampled it (j in the spec).
+        source: name of the agent that sampled it (j in docs/algorithm.md).
         prompt_text: the raw question (each learner re-formats it with its own template, §6).
         response_text: the response decoded by the source (special tokens skipped).
         token_ids: the source tokenizer's response ids, **without** the eos that ended it
@@ -112,7 +112,7 @@ class Trajectory:
 
 @dataclass(frozen=True)
 class LearnerView:
-    """A trajectory tokenized for one learner (spec §6). All sequences are tuples of ints.
+    """A trajectory tokenized for one learner (docs/algorithm.md §6). All sequences are tuples of ints.
 
     Fields:
         input_ids: learner prompt ids followed by learner response ids; length prompt_len + response_len.

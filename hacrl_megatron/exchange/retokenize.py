@@ -1,4 +1,4 @@
-"""Re-tokenization of trajectories into each learner's view, and its statistics (spec §6).
+"""Re-tokenization of trajectories into each learner's view, and its statistics (docs/algorithm.md §6).
 
 Self records keep the source ids; cross records are decoded to text (special tokens skipped, no
 clean-up of spaces) and re-encoded with the learner's tokenizer (no special tokens added), after
@@ -33,7 +33,7 @@ def decode_response(tokenizer: Any, token_ids: Sequence[int]) -> str:
 
 
 def encode_text(tokenizer: Any, text: str, *, split_special_tokens: bool = False) -> list[int]:
-    """Ids of ``text`` with no bos/eos added (spec §6: "no special tokens added")."""
+    """Ids of ``text`` with no bos/eos added (docs/algorithm.md §6: "no special tokens added")."""
     kwargs = {"split_special_tokens": True} if split_special_tokens else {}
     return list(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
 
@@ -67,7 +67,7 @@ class _PairCounts:
 
 
 class ExchangeStats:
-    """Per (source, learner) pair counters of the re-tokenization (spec §6: "count and report").
+    """Per (source, learner) pair counters of the re-tokenization (docs/algorithm.md §6: "count and report").
 
     token_ratio: mean over records of (learner response tokens / source response tokens), both
     without eos — the density of the learner's tokenizer on the source's text. roundtrip_mismatch:
@@ -142,7 +142,7 @@ def _response_ids(
 
 def _eos_ids(traj: Trajectory, learner_tokenizer: Any, *, is_self: bool, keep_ids: bool, eos_mode: str,
              source_tokenizer: Any | None) -> tuple[list[int], bool]:
-    """Ids that end the learner's view (spec §6 end rule), and whether they are the learner's eos."""
+    """Ids that end the learner's view (docs/algorithm.md §6 end rule), and whether they are the learner's eos."""
     if traj.finish_reason != "eos":
         return [], False  # truncated at the token budget: nothing to learn about stopping
     eos = learner_tokenizer.eos_token_id
@@ -172,7 +172,7 @@ def build_view(
     stats: ExchangeStats | None = None,
     learner_name: str | None = None,
 ) -> LearnerView:
-    """Learner k's view of ``traj`` (spec §6).
+    """Learner k's view of ``traj`` (docs/algorithm.md §6).
 
     Args:
         traj: the trajectory (source ids without eos).
@@ -240,7 +240,7 @@ class Exchange:
     """All agents' tokenizers; builds every learner's views of a step's trajectories.
 
     Fingerprints are computed once here, so identical tokenizers (e.g. two SmolLM2 agents) keep
-    source ids verbatim while different ones re-encode text (spec §6).
+    source ids verbatim while different ones re-encode text (docs/algorithm.md §6).
     """
 
     def __init__(self, tokenizers: Mapping[str, Any], *, eos_mode: str = "learner_eos",

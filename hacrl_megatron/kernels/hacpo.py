@@ -1,4 +1,4 @@
-"""The HACPO step fused onto the sequence log-prob kernel (HACPO_SPEC §3-5, §7).
+"""The HACPO step fused onto the sequence log-prob kernel (docs/algorithm.md §3-5, §7).
 
 Forward: kernel → per-token log-probs → per-sequence sums S_s (batch-invariant) → the pure algo
 functions on [S] vectors (``sequence_log_ratio`` then ``hacpo_loss``) → loss and metrics.
@@ -120,12 +120,12 @@ def fused_hacpo_loss(
     Args:
         hidden, weight, targets, cu_seqlens, temperature, tp_group, impl, chunk_size, vocab_size: as
             :func:`~hacrl_megatron.kernels.sequence_logprobs` (the learner's response tokens).
-        source_logp_sum: [S] Σ log π^(j)_old of each sequence under its source agent (spec §3).
+        source_logp_sum: [S] Σ log π^(j)_old of each sequence under its source agent (docs/algorithm.md §3).
         source_len: [S] L_j, the source's token count.
         advantages: [S] A^(k) (eq. 7). is_self: [S] bool. discrepancy: [S] ω^(j,k) (1 for self).
         update_index: m, the learner's mini-batch update index (eq. 14).
         cfg: algorithm switches; any sequence-level algorithm of ``algo.hacpo`` (not "grpo").
-        num_sequences: the global mini-batch sequence count (spec §7); default S.
+        num_sequences: the global mini-batch sequence count (docs/algorithm.md §7); default S.
 
     Returns:
         (loss = −Σ_s J_s / num_sequences as a differentiable scalar, metrics of ``algo.hacpo_loss``).

@@ -8,7 +8,7 @@
 
 On Slurm the job first builds a Ray cluster over its nodes (:mod:`hacrl_megatron.launch.slurm_ray`)
 and runs the command on the head node; elsewhere the command runs directly and Ray agents start a
-private Ray instance. NeMo-Run gotchas handled here (../shared/research/feasibility.md §6):
+private Ray instance. NeMo-Run gotchas handled here (docs/measured.md §4):
 ``run.Script(path=...)`` would default to ``entrypoint="bash"``, so the command is a ``python -m``
 script; a failed job still lets ``exp.run`` return normally, so the task's final state is read
 back and a failure raises :class:`LaunchError` (``check=True``) naming the state and the log.

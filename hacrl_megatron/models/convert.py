@@ -5,7 +5,7 @@ checkpoint only the rows/columns of its shard (``safe_open(...).get_slice``), on
 so a 70B model never sits whole in one rank's memory. Export (:func:`export_hf_weights`): one
 parameter at a time, the owning pipeline stage gathers the TP shards, turns them into HF tensors
 (full size, unpadded vocab) and broadcasts them to the other stages; every rank yields the same
-``(hf_name, tensor)`` stream, which is what rollout engines receive (DESIGN.md, "Engines speak HF").
+``(hf_name, tensor)`` stream, which is what rollout engines receive (docs/architecture.md, "Engines speak HF names").
 
 Layout facts this relies on (megatron-core GPTModel, local and TE specs):
 

@@ -2,7 +2,7 @@
 
 megatron-core hard-codes CUDA in a dozen places that TP, PP, DP, DDP, the (distributed) optimizer
 and ``dist_checkpointing`` all go through. No configuration flag avoids them (measured on 0.16.1 and
-0.19.2, ../shared/research/feasibility.md §1). :func:`enable_cpu_compat` redirects them to the CPU:
+0.19.2, docs/measured.md §2). :func:`enable_cpu_compat` redirects them to the CPU:
 
 ========================================================  =============================================
 megatron-core call site (0.16.1 lines)                     redirect

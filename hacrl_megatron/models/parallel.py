@@ -5,7 +5,7 @@
 a local spawn with :func:`local_world_env`'s rendezvous file) it joins that world; otherwise it creates a single-process world backed by a ``FileStore`` in a
 temporary directory (no port to collide on a shared CI machine). megatron-core keeps its parallel
 state per process, so a second call in the same process must ask for the same sizes: that is how
-several TP = PP = DP = 1 agents share one controller process (DESIGN.md, "local" mode).
+several TP = PP = DP = 1 agents share one controller process (docs/architecture.md, "local" mode).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ Family differences handled here (everything else is shared: RMSNorm, SwiGLU, RoP
 * llama: optional llama3 RoPE scaling (Llama-3.x checkpoints).
 
 Layer spec: Transformer Engine's when TE imports and CUDA is present, else megatron-core's local
-spec (the only one that runs on CPU, feasibility.md §4).
+spec (the only one that runs on CPU, docs/measured.md §2).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""reward stage: the shared verifiable reward R(y) ∈ [0, 1] (spec §2, §9).
+"""reward stage: the shared verifiable reward R(y) ∈ [0, 1] (docs/algorithm.md §2, §9).
 
 Each response is verified once; the score is shared by every learner. Public API:
 

@@ -1,4 +1,4 @@
-"""Final-answer extraction from a model response: the last ``\\boxed{...}`` (paper parity, spec §9).
+"""Final-answer extraction from a model response: the last ``\\boxed{...}`` (paper parity, docs/algorithm.md §9).
 
 The MATH reward of the paper (and of its verl-based reference code) compares the content of the
 **last** ``\\boxed{}`` in the response with the reference answer. This module finds that content:

@@ -1,6 +1,6 @@
 """MATH-style answer normalisation and equivalence (the Hendrycks ``is_equiv`` family, own code).
 
-The paper's reward (spec §9) is "exact match of the last \\boxed{} answer after MATH-style string
+The paper's reward (docs/algorithm.md §9) is "exact match of the last \\boxed{} answer after MATH-style string
 normalisation". :func:`normalize_answer` applies the usual rewrites, in this order:
 
 1. line breaks, ``\\!`` and spacing macros (``\\,`` ``\\;`` ``\\:`` ``~``), ``\\\\`` → ``\\``,

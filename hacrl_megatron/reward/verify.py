@@ -1,6 +1,6 @@
-"""The shared verifiable reward R(y) ∈ [0, 1] (spec §2, §9): one request, one score.
+"""The shared verifiable reward R(y) ∈ [0, 1] (docs/algorithm.md §2, §9): one request, one score.
 
-Every response is verified once and its reward is shared by every learner (spec §2), so the API
+Every response is verified once and its reward is shared by every learner (docs/algorithm.md §2), so the API
 takes a batch of :class:`RewardRequest` (kind, response, reference) and returns one float each.
 
 Kinds (the ``kind`` field of a :class:`~hacrl_megatron.data.records.PromptRecord`):

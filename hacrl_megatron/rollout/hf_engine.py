@@ -5,7 +5,7 @@ built from the true prompt lengths (never from ``ids != pad``: SmolLM2's pad id 
 A response ends at the first eos or stop id; that id is not part of ``Completion.token_ids``.
 Sampling uses a fresh ``GenerationConfig`` (top_k disabled, no repetition penalty) so samples
 come from exactly softmax(logits / T) restricted by top_p — the distribution whose log-probs the
-trainer recomputes (spec §3). Models built from ``transformers`` are imported lazily.
+trainer recomputes (docs/algorithm.md §3). Models built from ``transformers`` are imported lazily.
 """
 
 from __future__ import annotations

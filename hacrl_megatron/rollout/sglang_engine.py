@@ -20,7 +20,7 @@ started), a request that finds the server dead restarts it, reloads the last dis
 and is retried once.
 
 Why no CPU test against a real server: SGLang's server needs ``sgl_kernel``, whose CPU build is not
-on PyPI (see research/feasibility.md §5); the unit test drives this client against a small fake
+on PyPI (see docs/measured.md §3); the unit test drives this client against a small fake
 server on 127.0.0.1 that answers with the same JSON.
 """
 

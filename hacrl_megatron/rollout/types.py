@@ -18,11 +18,11 @@ class SamplingParams:
     """How to sample; one instance serves every prompt of a ``generate`` call.
 
     Fields:
-        n: completions per prompt (G in the spec; GSPO×2 uses 2G).
+        n: completions per prompt (G in docs/algorithm.md; GSPO×2 uses 2G).
         temperature: softmax temperature; 0 means greedy (argmax) decoding. The trainer computes
-            old log-probs at this same temperature (spec §3).
+            old log-probs at this same temperature (docs/algorithm.md §3).
         top_p: nucleus mass in (0, 1]; 1 samples from the full distribution (paper setting).
-        max_new_tokens: token budget per completion (the spec's max_response_len).
+        max_new_tokens: token budget per completion (max_response_len, docs/algorithm.md §6).
         stop_token_ids: extra ids that end a completion like eos (finish_reason "stop").
         stop: strings that end a completion once they appear in its text (finish_reason "stop").
         seed: with a seed, a call's results are reproducible on the same engine and hardware.

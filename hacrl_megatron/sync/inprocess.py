@@ -1,4 +1,4 @@
-"""Trainer → engine weight sync inside one process, and its check (DESIGN.md: sync/).
+"""Trainer → engine weight sync inside one process, and its check (docs/architecture.md, "Weight sync").
 
 The agent streams HF-named full tensors (gathered across TP/PP for Megatron agents) and the engine
 copies them in place. After a sync the engine must score a fixed probe sequence exactly as the

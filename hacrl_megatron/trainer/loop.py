@@ -1,4 +1,4 @@
-"""The HACRL loop for n agents. One step reads as the data flow of DESIGN.md:
+"""The HACRL loop for n agents. One step reads as the data flow of docs/architecture.md:
 
 sample prompts → every agent's engine samples G responses → shared verifier → source log-prob
 sums under π_old → each learner's views of all responses → capability tracker, advantages →

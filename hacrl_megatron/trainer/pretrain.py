@@ -2,7 +2,7 @@
 
 RL from a random policy never sees a reward on a verifiable task, so the CPU demo first trains
 each agent on correct answers (``task.sft_target``) until its greedy accuracy reaches
-``warmup_sft_target`` (calibration.md: a threshold, not a fixed step count, because a small
+``warmup_sft_target`` (docs/measured.md §8: a threshold, not a fixed step count, because a small
 model's accuracy jumps abruptly). The result is an HF checkpoint cached under
 ``$HACRL_CACHE`` (default ``~/.cache/hacrl_megatron``)/warmup/<agent>-<hash of everything that
 shapes it>, so `hacrl train` reuses it.

@@ -39,7 +39,7 @@ class AgentRuntime:
         return self.cfg.name
 
     def prompt_ids(self, question: str) -> list[int]:
-        """This agent's templated prompt ids for ``question`` (spec §6: its own template)."""
+        """This agent's templated prompt ids for ``question`` (docs/algorithm.md §6: its own template)."""
         if question not in self._prompt_cache:
             from hacrl_megatron.data.prompts import format_prompt
 

@@ -1,4 +1,4 @@
-"""The stages of one HACRL step, one function each (DESIGN.md data flow).
+"""The stages of one HACRL step, one function each (docs/architecture.md, data flow).
 
 rollout → verify → old log-probs → learner views + advantages → loss function. The loop in
 ``loop.py`` calls them in order; each is testable alone.
@@ -30,7 +30,7 @@ def shares_rollouts(cfg: HACPOConfig) -> bool:
 
 
 def samples_per_prompt(exp: ExperimentConfig) -> int:
-    """G, doubled for the resource-equivalent GSPO×2 baseline (spec §8)."""
+    """G, doubled for the resource-equivalent GSPO×2 baseline (docs/algorithm.md §8)."""
     g = exp.rollout.samples_per_prompt
     return 2 * g if exp.hacpo.algorithm == "gspo_x2" else g
 
@@ -97,7 +97,7 @@ def prompt_id_map(rt, prompts) -> dict[str, list[int]]:
 
 
 def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> None:
-    """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (spec §3).
+    """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (docs/algorithm.md §3).
 
     Runs before any update of the step, at the rollout temperature. GRPO also keeps the per-token
     values. Mutates ``data`` in place (trajectories are frozen: they are replaced).
@@ -153,7 +153,7 @@ def learner_batch(rt, runtimes, data: StepData, exchange, omega: torch.Tensor, e
 
 
 def split_mini_batches(batch: SequenceBatch, num: int, seed: int) -> list[SequenceBatch]:
-    """Shuffle the learner's step batch and split it into ``num`` near-equal mini-batches (spec §7)."""
+    """Shuffle the learner's step batch and split it into ``num`` near-equal mini-batches (docs/algorithm.md §7)."""
     order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
     return [batch.select(chunk) for chunk in torch.tensor_split(order, num) if chunk.numel()]
 

@@ -1,6 +1,6 @@
 """A real SGLang server with SmolLM2-135M-Instruct: generate and disk weight sync (GPU + sglang only).
 
-Skipped on CPU machines (SGLang's kernels need CUDA, research/feasibility.md §5). Run on a GPU
+Skipped on CPU machines (SGLang's kernels need CUDA, docs/measured.md §3). Run on a GPU
 node with ``pytest -m gpu tests/unit/test_rollout_sglang_gpu.py``.
 """
 

@@ -1,4 +1,4 @@
-"""Theorem 4.1, the cross-term gradient, micro-batch equivalence, n = 1 ≡ GSPO, Naive (spec §2-8, §11)."""
+"""Theorem 4.1, the cross-term gradient, micro-batch equivalence, n = 1 ≡ GSPO, Naive (docs/algorithm.md §2-8, §11)."""
 
 import math
 
@@ -39,7 +39,7 @@ def test_theorem_4_1_unbiased_baseline_monte_carlo(rates):
 @pytest.mark.parametrize("alpha", [0.0, 1.0, 3.0])
 @pytest.mark.parametrize("m", [0, 2, 5])
 def test_cross_gradient_closed_form(alpha, m):
-    """∇J_cross = ω·s_c^(α+1)·A·(1/L_k)·Σ_t ∇log π inside [lb_m, 1], 0 outside (spec §5)."""
+    """∇J_cross = ω·s_c^(α+1)·A·(1/L_k)·Σ_t ∇log π inside [lb_m, 1], 0 outside (docs/algorithm.md §5)."""
     cfg = HACPOConfig(alpha=alpha)
     lb = min(1.0, 0.8 + m * 0.025)
     torch.manual_seed(m)

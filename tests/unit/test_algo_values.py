@@ -1,4 +1,4 @@
-"""Hand-computed values for every HACPO formula (HACPO_SPEC §1-5).
+"""Hand-computed values for every HACPO formula (docs/algorithm.md §1-5).
 
 Worked example: n = 2 agents, P = 2 prompts, G = 4 samples.
 

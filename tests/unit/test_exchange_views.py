@@ -1,4 +1,4 @@
-"""Cross-agent re-tokenization (spec §6) with genuinely different real tokenizers.
+"""Cross-agent re-tokenization (docs/algorithm.md §6) with genuinely different real tokenizers.
 
 SmolLM2's real tokenizer (49k BPE, digits split one by one, pad == eos) and the two built-in BPEs
 ("char": one token per character, "pair": digit pairs merged) tokenize the same text differently,

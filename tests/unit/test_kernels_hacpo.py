@@ -111,7 +111,7 @@ def test_clipped_sequences_contribute_no_gradient():
     rows = torch.zeros(sum(LENS), dtype=torch.bool)
     rows[int(cu[2]):int(cu[3])] = True
     assert torch.all(dh[~rows] == 0) and torch.all(dh[rows].abs().sum(1) > 0)
-    # and its magnitude matches spec §5's gradient check: ω·s^(α+1)·A/(L_k·S) times d(Σ logp)
+    # and its magnitude matches docs/algorithm.md §5's gradient check: ω·s^(α+1)·A/(L_k·S) times d(Σ logp)
     s = torch.exp(torch.tensor(LOG_S[2], dtype=torch.float64))
     coef = OMEGA[2] * s**2 * ADV[2] / (LENS[2] * 8)
     sums_grad = torch.autograd.grad(full_logits_sums(hidden, weight, targets, cu, 1.0)[2], hidden)[0]

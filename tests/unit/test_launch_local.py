@@ -40,7 +40,7 @@ def test_local_executor_runs_a_one_step_training_job(tmp_path):
 
 
 def test_failed_job_is_reported_not_swallowed(tmp_path):
-    # exp.run returns normally for a failed job (feasibility §6): the state is read back
+    # exp.run returns normally for a failed job (docs/measured.md §4): the state is read back
     with pytest.raises(LaunchError, match=r"job 'bad' .* ended in state FAILED[\s\S]*hacpo.alpha=-1.0: must be >= 0"):
         launch_train(None, ["hacpo.alpha=-1"], local_executor(), "bad", subcommand="config",
                      base_dir=str(tmp_path / "exp"))

@@ -98,7 +98,7 @@ def test_tasks_are_python_modules_or_the_ray_script():
     root = local.env_vars["PYTHONPATH"].split(os.pathsep)[0]
     assert os.path.isfile(os.path.join(root, "hacrl_megatron", "cli.py")) and local.env_vars["X"] == "1"
     task = build_task("cpu_demo", ["train.steps=1"], local)
-    # run.Script's default entrypoint is bash, which cannot run a python module (feasibility §6)
+    # run.Script's default entrypoint is bash, which cannot run a python module (docs/measured.md §4)
     assert (task.entrypoint, task.m, task.path, task.args) == \
         (sys.executable, True, "hacrl_megatron", ["train", "--preset", "cpu_demo", "train.steps=1"])
     wrapped = build_task("cpu_demo", [], local, ray_cluster=True)

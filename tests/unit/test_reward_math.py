@@ -1,4 +1,4 @@
-"""MATH-style answer extraction, normalisation and equivalence (paper reward, spec §9)."""
+"""MATH-style answer extraction, normalisation and equivalence (paper reward, docs/algorithm.md §9)."""
 
 from __future__ import annotations
 

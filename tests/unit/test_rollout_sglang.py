@@ -1,7 +1,7 @@
 """SGLangEngine against a fake SGLang HTTP server on 127.0.0.1.
 
 A real SGLang server cannot run here: it needs ``sgl_kernel``, whose CPU build is not on PyPI
-(research/feasibility.md §5). The fake server below answers /health, /generate,
+(docs/measured.md §3). The fake server below answers /health, /generate,
 /update_weights_from_disk and /update_weights_from_tensor with SGLang's JSON shapes (prompt-major
 B·n replies, output_ids that include the matched eos, finish_reason {"type", "matched"}) and is
 backed by a real tiny HF model, so the client's results can be compared with HFEngine's.

@@ -1,7 +1,7 @@
 """SGLangServer process management, with a stand-in server process (no GPU, no sglang here).
 
 The stand-in is a small Python HTTP server answering /health, launched through ``command=`` —
-the real ``python -m sglang.launch_server`` needs CUDA kernels (research/feasibility.md §5).
+the real ``python -m sglang.launch_server`` needs CUDA kernels (docs/measured.md §3).
 """
 
 from __future__ import annotations
