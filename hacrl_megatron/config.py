@@ -445,7 +445,7 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(t.prompts_per_step >= 1, "train.prompts_per_step", t.prompts_per_step, "must be >= 1")
     _rule(t.mini_batches >= 1, "train.mini_batches", t.mini_batches, "must be >= 1")
     _rule(t.prompts_per_step % t.mini_batches == 0, "train.mini_batches", t.mini_batches,
-          f"must divide train.prompts_per_step={t.prompts_per_step} (mini-batches split by prompt)")
+          f"must divide train.prompts_per_step={t.prompts_per_step} (the step's sequences are shuffled and split into M equal mini-batches)")
     _rule(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size, "must be >= 1")
     _rule(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables)")
     _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
