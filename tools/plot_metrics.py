@@ -3,7 +3,7 @@
     python tools/plot_metrics.py RUN_DIR [RUN_DIR ...] --out curves.png [--keys reward_mean eval_accuracy ...]
 
 A RUN_DIR is a run's output folder (or the ``metrics.jsonl`` file itself). Keys are per-agent
-metric names without the agent prefix (STYLE rule 12: ``llama/hacpo/cross_clipfrac`` is key
+metric names without the agent prefix (``llama/hacpo/cross_clipfrac`` is key
 ``hacpo/cross_clipfrac`` of agent ``llama``) or run-wide names such as ``time/train_s``. One subplot
 per key, one line per (run, agent), x = RL step. Default keys: reward_mean (mean verifier reward of
 the agent's own rollouts), eval_accuracy (greedy held-out accuracy), hacpo/cross_clipfrac (share of

@@ -1,4 +1,4 @@
-"""The prompt record that crosses from data/ to rollout/, reward/ and eval/ (STYLE rule 8)."""
+"""The prompt record that crosses from data/ to rollout/, reward/ and eval/ (frozen, like every record that crosses a stage)."""
 
 from __future__ import annotations
 

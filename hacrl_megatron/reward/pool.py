@@ -1,4 +1,4 @@
-"""A process pool for the shared verifier with a hard per-item timeout (DESIGN: reward/).
+"""A process pool for the shared verifier with a hard per-item timeout (docs/architecture.md, reward/).
 
 Why processes: math-verify enforces its limits with ``signal.alarm`` (main thread only), and some
 inputs (a big-integer power, a pathological sympy expression) block inside one C call that no

@@ -1,6 +1,6 @@
 """Metric sinks: JSONL (always), TensorBoard and wandb (when asked and installed), a progress bar.
 
-Keys are namespaced per agent (``llama/hacpo/cross_clipfrac``, STYLE rule 12).
+Keys are namespaced per agent (``llama/hacpo/cross_clipfrac``).
 """
 
 from __future__ import annotations

@@ -55,7 +55,7 @@ class AgentRuntime:
             shutdown()
 
     def sync_weights(self) -> int:
-        """Push the trainer's HF-named weights into the rollout engine (DESIGN: sync/)."""
+        """Push the trainer's HF-named weights into the rollout engine (docs/architecture.md, "Weight sync")."""
         from hacrl_megatron.sync import sync_weights
 
         return sync_weights(self.agent, self.engine)
