@@ -1,39 +1,17 @@
 """Run megatron-core on machines without CUDA (CPU + gloo): tests, CI and the CPU demo.
 
-megatron-core hard-codes CUDA in a dozen places that TP, PP, DP, DDP, the (distributed) optimizer
-and ``dist_checkpointing`` all go through. No configuration flag avoids them (measured on 0.16.1 and
-0.19.2, docs/measured.md §2). :func:`enable_cpu_compat` redirects them to the CPU:
+megatron-core hard-codes CUDA in about a dozen places that TP, PP, DP, DDP, the (distributed)
+optimizer and ``dist_checkpointing`` all go through, and no configuration flag avoids them.
+Rather than patch or fork megatron's source, :func:`enable_cpu_compat` redirects those calls
+from outside: a :class:`torch.overrides.TorchFunctionMode` maps CUDA device arguments, ``.cuda()``
+and ``pin_memory()`` to the CPU and answers megatron's ``.type() == 'torch.cuda.FloatTensor'``
+checks; ``torch.cuda`` streams, events, ``current_device`` and the RNG functions become CPU
+stand-ins; megatron's RNG tracker uses the CPU generator. The reasoning and the inventory of
+redirected megatron-core call sites (with the version it was taken from) are in docs/cpu_compat.md.
 
-========================================================  =============================================
-megatron-core call site (0.16.1 lines)                     redirect
-========================================================  =============================================
-``tensor_parallel.random`` RNG tracker ``add``/``fork``     ``torch.cuda.{get,set}_rng_state`` and
-(``model_parallel_cuda_manual_seed``, attention dropout,    ``manual_seed`` and mcore's private
-activation recompute)                                       ``_{get,set}_cuda_rng_state`` act on the CPU
-                                                            default generator
-``utils.GlobalMemoryBuffer`` (``device=torch.cuda.          ``torch.cuda.current_device()`` returns 0 and
-current_device()``), DDP ``param_and_grad_buffer`` grad/    the torch-function mode maps every device
-param buffers, ``dot_product_attention`` buffers            argument ``0``/``"cuda"``/``cuda:N`` to CPU
-``transformer/utils.py:35`` causal mask ``device="cuda"``,  same device mapping (factory functions,
-``schedules.py:596/983/2138`` token counters,               ``empty_like``, ``Tensor.to``, ``new_*``)
-``optimizer.py:473-485/907``, ``clip_grads.py:90-207``,
-``grad_scaler.py``, ``state_dict_saver.py:204``,
-``exchange_utils.py:104-499``, ``p2p_communication`` buffers
-``.cuda()`` in optimizer state load, ``language_module``    ``Tensor.cuda()`` returns the CPU tensor
-``param.type() == 'torch.cuda.FloatTensor'`` checks in      ``Tensor.type()`` called *from megatron code*
-``optimizer.py:671-700``, ``clip_grads.py:167``,            reports ``torch.cuda.<T>Tensor`` for a CPU
-``distrib_optimizer.py:361/420/582``                        tensor (other callers see the real type)
-streams and events: ``torch.cuda.{Stream, Event,            inert stand-ins (a CPU executes in program
-current_stream, default_stream, stream, set_stream,         order, so there is nothing to order)
-synchronize}``, ``Tensor.record_stream``,
-``param_and_grad_buffer.py:632`` (0.19: ``current_stream``)
-``Tensor.pin_memory()`` (checkpoint writers)                returns the tensor (no pinned memory on CPU)
-========================================================  =============================================
-
-The device mapping is a :class:`torch.overrides.TorchFunctionMode`. Modes are thread-local, so
-:func:`enable_cpu_compat` installs it in the *calling* thread; call it again from any other thread
-that runs megatron code (it is idempotent per thread and cheap). Set ``HACRL_CPU_COMPAT_LOG=1`` to
-log every distinct call site that gets redirected.
+Modes are thread-local, so :func:`enable_cpu_compat` installs the mode in the *calling* thread;
+call it again from any other thread that runs megatron code (it is idempotent per thread and
+cheap). Set ``HACRL_CPU_COMPAT_LOG=1`` to log every distinct call site that gets redirected.
 
 When ``torch.cuda.is_available()`` is true every function here is a strict no-op.
 """
