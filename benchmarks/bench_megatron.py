@@ -45,8 +45,8 @@ def _batch(vocab: int):
     return SequenceBatch(input_ids=ids, prompt_lens=torch.full((SEQS,), PROMPT))
 
 
-def _loss(lp, extras, m, n):
-    return -(lp.seq_logp_sum / lp.seq_len).sum() / n, {}
+def _loss(lp, inputs, info):
+    return -(lp.seq_logp_sum / lp.seq_len).sum() / info.num_sequences, {}
 
 
 def _measure(rank: int, preset: str, tp: int, pp: int, out: str) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
+import logging
 import sys
 
 import yaml
@@ -54,10 +55,29 @@ def _cmd_presets(args: argparse.Namespace) -> int:
     return 0
 
 
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of the message (tests and tools swap it)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.stream = sys.stderr
+        super().emit(record)
+
+
+def log_to_console() -> None:
+    """Show this package's INFO messages (warm-up progress, resume) on stderr; other libraries keep theirs."""
+    log = logging.getLogger("hacrl_megatron")
+    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        log.addHandler(handler)
+        log.setLevel(logging.INFO)
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.loop import train
 
     cfg = load_config(args.preset, args.overrides)
+    log_to_console()
     train(cfg)
     return 0
 
@@ -66,6 +86,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.pretrain import pretrain_all
 
     cfg = load_config(args.preset, args.overrides)
+    log_to_console()
     pretrain_all(cfg, force=args.force)
     return 0
 

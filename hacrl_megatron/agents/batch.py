@@ -1,17 +1,20 @@
 """Records that cross the trainer ↔ agent boundary.
 
 A :class:`SequenceBatch` holds whole token sequences (prompt + response, in the learner's own
-tokenizer) and per-sequence tensors that the loss needs (advantages, is_self, ...). An agent turns
-it into a :class:`LogProbOutput`, the per-token log-probs of the response tokens, and hands that to
-a :data:`LossFn` together with the matching slice of the per-sequence tensors.
+tokenizer) and the loss's per-sequence :class:`~hacrl_megatron.algo.LossInputs`. An agent turns it
+into a :class:`LogProbOutput`, the per-token log-probs of the response tokens, and hands that to a
+:data:`LossFn` together with the matching slice of the inputs and the mini-batch's
+:class:`MiniBatchInfo`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
+
+from hacrl_megatron.algo.inputs import LossInputs
 
 
 @dataclass(frozen=True)
@@ -20,13 +23,13 @@ class SequenceBatch:
 
     input_ids: S tensors of shape [T_s] (int64), prompt tokens followed by response tokens.
     prompt_lens: [S] int64, number of prompt tokens of each sequence (response starts there).
-    extras: per-sequence tensors of shape [S] (float or bool) passed to the loss unchanged,
-        e.g. ``advantages``, ``is_self``, ``discrepancy``, ``source_logp_sum``, ``source_len``.
+    loss_inputs: the S sequences' per-sequence loss inputs (advantages, is_self, ...), sliced with
+        the sequences and passed to the loss unchanged; None for a loss that needs none (SFT).
     """
 
     input_ids: tuple[torch.Tensor, ...]
     prompt_lens: torch.Tensor
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss_inputs: LossInputs | None = None
 
     def __post_init__(self) -> None:
         s = len(self.input_ids)
@@ -40,9 +43,8 @@ class SequenceBatch:
                 raise ValueError(
                     f"sequence {i}: prompt_len={p} must leave >= 1 response token in a sequence of {ids.numel()}"
                 )
-        for name, value in self.extras.items():
-            if value.shape[:1] != (s,):
-                raise ValueError(f"extras[{name!r}] has shape {tuple(value.shape)}, expected ({s}, ...)")
+        if self.loss_inputs is not None and len(self.loss_inputs) != s:
+            raise ValueError(f"loss_inputs hold {len(self.loss_inputs)} sequences, the batch has {s}")
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -58,11 +60,30 @@ class SequenceBatch:
         return SequenceBatch(
             input_ids=tuple(self.input_ids[i] for i in idx.tolist()),
             prompt_lens=self.prompt_lens[idx],
-            extras={k: v[idx] for k, v in self.extras.items()},
+            loss_inputs=None if self.loss_inputs is None else self.loss_inputs.select(idx),
         )
 
     def num_tokens(self) -> int:
         return sum(ids.numel() for ids in self.input_ids)
+
+    def info(self, update_index: int) -> MiniBatchInfo:
+        """This batch as mini-batch ``update_index``: its (global) sequence and response-token counts."""
+        return MiniBatchInfo(update_index, len(self), int(self.response_lens.sum()))
+
+
+@dataclass(frozen=True)
+class MiniBatchInfo:
+    """What every micro-batch's loss needs to know about its whole mini-batch.
+
+    update_index: m, optimizer updates already made by this learner in this step (eq. 14).
+    num_sequences: sequences of the whole mini-batch (all micro-batches and data-parallel ranks):
+        the sequence-level losses' normaliser (docs/algorithm.md §7).
+    num_tokens: response tokens of the whole mini-batch: GRPO's token-mean normaliser.
+    """
+
+    update_index: int
+    num_sequences: int
+    num_tokens: int
 
 
 @dataclass(frozen=True)
@@ -81,7 +102,7 @@ class LogProbOutput:
     seq_len: torch.Tensor
 
 
-#: loss_fn(logprobs, extras_of_this_micro_batch, update_index_m, global_num_sequences)
+#: loss_fn(logprobs, loss_inputs_of_this_micro_batch, mini_batch_info)
 #:   -> (loss scalar already divided by the global normaliser, metrics {name: float}).
 #: Summing the losses of all micro-batches of a mini-batch gives the full mini-batch loss.
-LossFn = Callable[[LogProbOutput, dict[str, torch.Tensor], int, int], tuple[torch.Tensor, dict[str, float]]]
+LossFn = Callable[[LogProbOutput, LossInputs | None, MiniBatchInfo], tuple[torch.Tensor, dict[str, float]]]

@@ -7,7 +7,8 @@ Public contract::
     capability_aware_advantages  A^(k) for all n·G responses of a prompt (eq. 6-7, 50)
     sequence_log_ratio           log s^(k,j) (eq. 11)
     hacpo_sequence_objective     J per sequence: GSPO self term, clipped cross term (eq. 10-14)
-    hacpo_loss                   −Σ J / global #sequences, plus metrics (§7)
+    LossInputs                   per-sequence inputs of a learner's loss (A, is_self, ω, source sums)
+    hacpo_loss                   −Σ J / global #sequences from the learner's log-prob sums, plus metrics
     grpo_token_loss              GRPO's token-level clipped objective (§8 baseline)
 """
 
@@ -22,9 +23,11 @@ from hacrl_megatron.algo.hacpo import (
     hacpo_sequence_objective,
     sequence_log_ratio,
 )
+from hacrl_megatron.algo.inputs import LossInputs
 
 __all__ = [
     "CapabilityTracker",
+    "LossInputs",
     "broadcast_to_tokens",
     "capability_aware_advantages",
     "capability_baseline",

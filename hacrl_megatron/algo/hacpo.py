@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from hacrl_megatron.algo.inputs import LossInputs
 from hacrl_megatron.config import HACPOConfig
 
 SEQUENCE_ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "naive")
@@ -148,27 +149,39 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
 
 
 def hacpo_loss(
-    log_ratio: torch.Tensor,
-    advantages: torch.Tensor,
-    is_self: torch.Tensor,
-    discrepancy: torch.Tensor,
+    learner_logp_sum: torch.Tensor,
+    learner_len: torch.Tensor,
+    inputs: LossInputs,
     update_index: int,
     cfg: HACPOConfig,
     num_sequences: int | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """Loss = −Σ J / num_sequences (docs/algorithm.md §7) and metrics.
+    """Loss = −Σ J / num_sequences (docs/algorithm.md §7) and metrics, from the learner's log-probs.
 
-    ``num_sequences`` is the **global** number of sequences in the mini-batch (across
-    micro-batches and data-parallel ranks); it defaults to this call's S. Returns a scalar
-    differentiable through ``log_ratio`` (an exact 0 with a graph when S = 0).
+    Args:
+        learner_logp_sum: [S] Σ log π^(k)_θ over each response in the learner's tokens (differentiable).
+        learner_len: [S] L_k, the learner's response token counts.
+        inputs: the sequences' :class:`LossInputs` (advantages, is_self, discrepancy, source statistics).
+        update_index: m, optimizer updates already made by this learner in this step (eq. 14).
+        cfg: algorithm switches; ``cfg.max_abs_log_ratio`` clamps log s (eq. 11).
+        num_sequences: the **global** number of sequences in the mini-batch (across micro-batches and
+            data-parallel ranks); defaults to this call's S.
+
+    Returns a scalar differentiable through ``learner_logp_sum`` (an exact 0 with a graph when S = 0).
     """
-    objective = hacpo_sequence_objective(log_ratio, advantages, is_self, discrepancy, update_index, cfg)
+    if len(inputs) != learner_logp_sum.numel():
+        raise ValueError(f"hacpo_loss: inputs hold {len(inputs)} sequences, learner_logp_sum "
+                         f"{learner_logp_sum.numel()}")
+    log_ratio = sequence_log_ratio(learner_logp_sum, learner_len, inputs.source_logp_sum, inputs.source_len,
+                                   cfg.max_abs_log_ratio)
+    objective = hacpo_sequence_objective(log_ratio, inputs.advantages, inputs.is_self, inputs.discrepancy,
+                                         update_index, cfg)
     denom = log_ratio.numel() if num_sequences is None else num_sequences
     if denom <= 0:
         if log_ratio.numel():
             raise ValueError(f"num_sequences={num_sequences} must be > 0 for a non-empty batch")
         denom = 1
     loss = -objective.sum() / denom
-    metrics = hacpo_metrics(log_ratio, advantages, is_self, update_index, cfg)
+    metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
     return loss, metrics

@@ -4,9 +4,9 @@ Public API::
 
     sequence_logprobs(hidden, weight, targets, cu_seqlens, *, temperature=1.0, tp_group=None,
                       impl="auto", chunk_size=None) -> SequenceLogProbs
-    fused_hacpo_loss(hidden, weight, targets, cu_seqlens, *, source_logp_sum, source_len, advantages,
-                     is_self, discrepancy, update_index, cfg, num_sequences=None, temperature=1.0,
-                     tp_group=None, impl="auto", chunk_size=None) -> (loss, metrics)
+    fused_hacpo_loss(hidden, weight, targets, cu_seqlens, *, inputs, update_index, cfg,
+                     num_sequences=None, temperature=1.0, tp_group=None, impl="auto",
+                     chunk_size=None) -> (loss, metrics)
     fused_sequence_loss(hidden, weight, targets, cu_seqlens, loss_fn, *, ...) -> (loss, metrics)
 
 Backends: ``impl="reference"`` (chunked torch, everywhere), ``"triton"`` (fused kernels on CUDA, or

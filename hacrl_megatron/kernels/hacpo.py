@@ -1,7 +1,7 @@
 """The HACPO step fused onto the sequence log-prob kernel (docs/algorithm.md §3-5, §7).
 
 Forward: kernel → per-token log-probs → per-sequence sums S_s (batch-invariant) → the pure algo
-functions on [S] vectors (``sequence_log_ratio`` then ``hacpo_loss``) → loss and metrics.
+function on [S] vectors (``algo.hacpo_loss``) → loss and metrics.
 Still inside the forward, autograd over that tiny [S] graph gives g_s = dLoss/dS_s. Because
 S_s = Σ_{t∈s} logp_t, the loss gradient w.r.t. every token log-prob of sequence s is the same
 scalar, w_t = g_s (e.g. −ω·s_c^(α+1)·A/(L_k·num_sequences) for an in-window cross sequence).
@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
+from hacrl_megatron.algo import LossInputs, hacpo_loss
 from hacrl_megatron.config import HACPOConfig
 from hacrl_megatron.kernels.core import (
     KernelOptions,
@@ -101,11 +101,7 @@ def fused_hacpo_loss(
     targets: torch.Tensor,
     cu_seqlens: torch.Tensor,
     *,
-    source_logp_sum: torch.Tensor,
-    source_len: torch.Tensor,
-    advantages: torch.Tensor,
-    is_self: torch.Tensor,
-    discrepancy: torch.Tensor,
+    inputs: LossInputs,
     update_index: int,
     cfg: HACPOConfig,
     num_sequences: int | None = None,
@@ -120,9 +116,8 @@ def fused_hacpo_loss(
     Args:
         hidden, weight, targets, cu_seqlens, temperature, tp_group, impl, chunk_size, vocab_size: as
             :func:`~hacrl_megatron.kernels.sequence_logprobs` (the learner's response tokens).
-        source_logp_sum: [S] Σ log π^(j)_old of each sequence under its source agent (docs/algorithm.md §3).
-        source_len: [S] L_j, the source's token count.
-        advantages: [S] A^(k) (eq. 7). is_self: [S] bool. discrepancy: [S] ω^(j,k) (1 for self).
+        inputs: the S sequences' :class:`~hacrl_megatron.algo.LossInputs` (advantages A^(k), is_self,
+            discrepancy ω^(j,k), source Σ log π^(j)_old and L_j).
         update_index: m, the learner's mini-batch update index (eq. 14).
         cfg: algorithm switches; any sequence-level algorithm of ``algo.hacpo`` (not "grpo").
         num_sequences: the global mini-batch sequence count (docs/algorithm.md §7); default S.
@@ -133,18 +128,12 @@ def fused_hacpo_loss(
     """
     opts, seq_len = prepare(hidden, weight, targets, cu_seqlens, temperature, tp_group, impl, chunk_size,
                             vocab_size)
-    num_seq = seq_len.numel()
-    for name, t in (("source_logp_sum", source_logp_sum), ("source_len", source_len),
-                    ("advantages", advantages), ("is_self", is_self), ("discrepancy", discrepancy)):
-        if t.shape != (num_seq,):
-            raise ValueError(f"{name} has shape {tuple(t.shape)}, expected [S={num_seq}] (one per sequence "
-                             f"of cu_seqlens)")
+    if len(inputs) != seq_len.numel():
+        raise ValueError(f"inputs hold {len(inputs)} sequences, expected S={seq_len.numel()} (one per sequence "
+                         f"of cu_seqlens)")
+    on_device = inputs.to(seq_len.device)
 
     def loss_fn(seq_logp_sum: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
-        device = seq_logp_sum.device
-        log_ratio = sequence_log_ratio(seq_logp_sum, seq_len, source_logp_sum.to(device), source_len.to(device),
-                                       cfg.max_abs_log_ratio)
-        return hacpo_loss(log_ratio, advantages.to(device), is_self.to(device), discrepancy.to(device),
-                          update_index, cfg, num_sequences)
+        return hacpo_loss(seq_logp_sum, seq_len, on_device, update_index, cfg, num_sequences)
 
     return _apply(hidden, weight, targets, seq_len, loss_fn, opts)

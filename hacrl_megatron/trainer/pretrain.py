@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from hacrl_megatron.agents.batch import SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBatch
+from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
 
 logger = logging.getLogger(__name__)
@@ -57,10 +58,11 @@ def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
     return cache_root() / "warmup" / f"{agent.name}-{digest}"
 
 
-def sft_loss(out, extras, m, num_sequences):
-    """−mean over sequences of the per-token mean log-likelihood of the target response."""
+def sft_loss(out: LogProbOutput, inputs: LossInputs | None, info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
+    """−mean over sequences of the per-token mean log-likelihood of the target response (a LossFn;
+    SFT batches carry no loss inputs)."""
     per_token = out.seq_logp_sum / out.seq_len
-    return -per_token.sum() / num_sequences, {"nll_per_token": float(-per_token.detach().mean())}
+    return -per_token.sum() / info.num_sequences, {"nll_per_token": float(-per_token.detach().mean())}
 
 
 def sft_batch(rt, task, records) -> SequenceBatch:
@@ -95,8 +97,8 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) ->
         if step % EVAL_EVERY == 0 or step == agent.warmup_sft_max_steps:
             rt.sync_weights()
             accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
-            print(f"[warm-up {agent.name}] step {step}: nll/token {metrics['nll_per_token']:.3f}, "
-                  f"greedy accuracy {accuracy:.2f} (target {agent.warmup_sft_target})", flush=True)
+            logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f (target %s)", agent.name, step,
+                        metrics["nll_per_token"], accuracy, agent.warmup_sft_target)
             if accuracy >= agent.warmup_sft_target:
                 break
     info = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy, "seconds": time.time() - start}
@@ -127,8 +129,8 @@ def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
             if force or not (target / "warmup.json").exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 info = warm_up_agent(exp, i, target, verifier)
-                print(f"[warm-up {agent.name}] done: {info['steps']} steps, accuracy {info['greedy_accuracy']:.2f}, "
-                      f"{info['seconds']:.0f} s → {target}", flush=True)
+                logger.info("warm-up %s: done: %d steps, accuracy %.2f, %.0f s → %s", agent.name, info["steps"],
+                            info["greedy_accuracy"], info["seconds"], target)
             out[agent.name] = target
     return out
 

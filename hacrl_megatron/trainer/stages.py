@@ -11,15 +11,22 @@ from dataclasses import dataclass
 
 import torch
 
-from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, MiniBatchInfo, SequenceBatch
 from hacrl_megatron.algo import (
+    LossInputs,
     broadcast_to_tokens,
     capability_aware_advantages,
     grpo_token_loss,
     hacpo_loss,
-    sequence_log_ratio,
 )
 from hacrl_megatron.config import ExperimentConfig, HACPOConfig
+from hacrl_megatron.data.records import PromptRecord
+from hacrl_megatron.exchange.records import LearnerView, Trajectory
+from hacrl_megatron.exchange.retokenize import Exchange
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.reward.verify import RewardRequest
+from hacrl_megatron.rollout.types import Completion, SamplingParams
+from hacrl_megatron.trainer.runtime import AgentRuntime
 
 SHARED_ALGORITHMS = ("hacpo", "naive")
 
@@ -44,16 +51,15 @@ def step_seed(exp: ExperimentConfig, step: int, salt: int) -> int:
 class StepData:
     """Everything sampled and scored in one step. ``trajectories[a]`` is agent a's, prompt-major [P·G]."""
 
-    prompts: list  # PromptRecord
-    trajectories: dict[str, list]  # Trajectory
+    prompts: list[PromptRecord]
+    trajectories: dict[str, list[Trajectory]]
     rewards: torch.Tensor  # [P, n, G] float32, agents in config order
     old_token_logps: dict[str, list[torch.Tensor]]  # GRPO only: per trajectory, source tokens
 
 
-def rollout(runtimes, prompts, exp: ExperimentConfig, step: int) -> dict[str, list[list]]:
+def rollout(runtimes: list[AgentRuntime], prompts: list[PromptRecord], exp: ExperimentConfig,
+            step: int) -> dict[str, list[list[Completion]]]:
     """Every agent samples G responses per prompt with its pre-step weights: name → [P][G] Completion."""
-    from hacrl_megatron.rollout.types import SamplingParams
-
     r = exp.rollout
     out = {}
     for rt in runtimes:
@@ -63,11 +69,9 @@ def rollout(runtimes, prompts, exp: ExperimentConfig, step: int) -> dict[str, li
     return out
 
 
-def verify(verifier, prompts, completions: dict[str, list[list]], step: int, max_response_len: int) -> StepData:
+def verify(verifier: VerifierPool, prompts: list[PromptRecord], completions: dict[str, list[list[Completion]]],
+           step: int, max_response_len: int) -> StepData:
     """Score every response once with the shared verifier; the reward is shared by all learners."""
-    from hacrl_megatron.exchange.records import Trajectory
-    from hacrl_megatron.reward.verify import RewardRequest
-
     names = list(completions)
     requests = [RewardRequest(p.kind, c.text, p.answer)
                 for name in names for p, group in zip(prompts, completions[name]) for c in group]
@@ -84,19 +88,19 @@ def verify(verifier, prompts, completions: dict[str, list[list]], step: int, max
     return StepData(prompts=prompts, trajectories=trajectories, rewards=rewards.contiguous(), old_token_logps={})
 
 
-def views_to_batch(views, extras: dict[str, torch.Tensor]) -> SequenceBatch:
+def views_to_batch(views: list[LearnerView], loss_inputs: LossInputs | None = None) -> SequenceBatch:
     return SequenceBatch(
         input_ids=tuple(torch.tensor(v.input_ids, dtype=torch.long) for v in views),
         prompt_lens=torch.tensor([v.prompt_len for v in views], dtype=torch.long),
-        extras=extras,
+        loss_inputs=loss_inputs,
     )
 
 
-def prompt_id_map(rt, prompts) -> dict[str, list[int]]:
+def prompt_id_map(rt: AgentRuntime, prompts: list[PromptRecord]) -> dict[str, list[int]]:
     return {p.id: rt.prompt_ids(p.question) for p in prompts}
 
 
-def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> None:
+def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchange, exp: ExperimentConfig) -> None:
     """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (docs/algorithm.md §3).
 
     Runs before any update of the step, at the rollout temperature. GRPO also keeps the per-token
@@ -105,7 +109,7 @@ def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> N
     for rt in runtimes:
         trajs = data.trajectories[rt.name]
         views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
-        batch = views_to_batch(views, {})
+        batch = views_to_batch(views)
         if exp.hacpo.algorithm == "grpo":
             out = rt.agent.token_logprobs(batch, exp.rollout.temperature)
             data.old_token_logps[rt.name] = [out.token_logps[out.cu_seqlens[i]:out.cu_seqlens[i + 1]]
@@ -116,7 +120,8 @@ def old_logprobs(runtimes, data: StepData, exchange, exp: ExperimentConfig) -> N
         data.trajectories[rt.name] = [t.with_logp(float(s), int(n)) for t, s, n in zip(trajs, sums, lens)]
 
 
-def learner_batch(rt, runtimes, data: StepData, exchange, omega: torch.Tensor, exp: ExperimentConfig) -> SequenceBatch:
+def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
+                  omega: torch.Tensor, exp: ExperimentConfig) -> SequenceBatch:
     """Learner k's step batch: own responses (+ every other agent's when sharing) with per-sequence
     advantages (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11)."""
     h = exp.hacpo
@@ -131,25 +136,25 @@ def learner_batch(rt, runtimes, data: StepData, exchange, omega: torch.Tensor, e
         capability_aware=h.capability_aware_advantage and h.algorithm != "naive",
         uniform_guard=h.uniform_guard, baseline_guard=h.baseline_guard, max_reward=h.max_reward,
     )
-    trajs, per_seq = [], {"advantages": [], "is_self": [], "discrepancy": [], "source_logp_sum": [], "source_len": []}
-    old_tokens = []
+    trajs: list[Trajectory] = []
+    parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
+                                            "source_logp_sum": [], "source_len": []}
+    old_tokens: list[torch.Tensor] = []
     for pos, src in enumerate(sources):
         src_trajs = data.trajectories[src.name]
-        src_adv = adv[:, pos, :].reshape(-1)
         trajs.extend(src_trajs)
-        per_seq["advantages"].append(src_adv.float())
-        per_seq["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
-        per_seq["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
-        per_seq["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
-        per_seq["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
+        parts["advantages"].append(adv[:, pos, :].reshape(-1).float())
+        parts["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
+        parts["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
+        parts["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
+        parts["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
         old_tokens.extend(data.old_token_logps.get(src.name, []))
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
-    extras = {k: torch.cat(v) for k, v in per_seq.items()}
-    if old_tokens:
-        extras["old_token_logp"] = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True)
+    old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
+    inputs = LossInputs(**{k: torch.cat(v) for k, v in parts.items()}, old_token_logp=old)
     keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
-    return views_to_batch(views, {k: v[keep] for k, v in extras.items()})
+    return views_to_batch(views, inputs.select(torch.tensor(keep, dtype=torch.long)))
 
 
 def split_mini_batches(batch: SequenceBatch, num: int, seed: int) -> list[SequenceBatch]:
@@ -162,27 +167,28 @@ def make_loss_fn(exp: ExperimentConfig) -> LossFn:
     """The learner's LossFn: HACPO / GSPO / Naive sequence objective, or GRPO's token objective."""
     h = exp.hacpo
 
-    def sequence_loss(out: LogProbOutput, extras: dict[str, torch.Tensor], m: int, num_sequences: int):
-        log_ratio = sequence_log_ratio(out.seq_logp_sum, out.seq_len, extras["source_logp_sum"],
-                                       extras["source_len"], h.max_abs_log_ratio)
-        return hacpo_loss(log_ratio, extras["advantages"], extras["is_self"], extras["discrepancy"], m, h,
-                          num_sequences=num_sequences)
+    def sequence_loss(out: LogProbOutput, inputs: LossInputs | None,
+                      info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
+        return hacpo_loss(out.seq_logp_sum, out.seq_len, _required(inputs), info.update_index, h,
+                          num_sequences=info.num_sequences)
 
-    def grpo_loss(out: LogProbOutput, extras: dict[str, torch.Tensor], m: int, num_sequences: int):
-        old = torch.cat([extras["old_token_logp"][i, :n] for i, n in enumerate(out.seq_len.tolist())])
-        token_adv = broadcast_to_tokens(extras["advantages"], out.cu_seqlens)
-        num_tokens = int(extras["mini_batch_tokens"][0]) if "mini_batch_tokens" in extras else None
+    def grpo_loss(out: LogProbOutput, inputs: LossInputs | None,
+                  info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
+        inputs = _required(inputs)
+        if inputs.old_token_logp is None:
+            raise ValueError("GRPO's loss needs LossInputs.old_token_logp (the per-token log π_old)")
+        old = torch.cat([inputs.old_token_logp[i, :n] for i, n in enumerate(out.seq_len.tolist())])
+        token_adv = broadcast_to_tokens(inputs.advantages, out.cu_seqlens)
         return grpo_token_loss(out.token_logps, old, token_adv, clip_low=h.grpo_clip_low,
-                               clip_high=h.grpo_clip_high, num_tokens=num_tokens)
+                               clip_high=h.grpo_clip_high, num_tokens=info.num_tokens)
 
     return grpo_loss if h.algorithm == "grpo" else sequence_loss
 
 
-def with_token_count(mini: SequenceBatch) -> SequenceBatch:
-    """Attach the mini-batch's response-token count to every sequence (GRPO's global normaliser)."""
-    total = int(mini.response_lens.sum())
-    extras = dict(mini.extras, mini_batch_tokens=torch.full((len(mini),), total, dtype=torch.long))
-    return SequenceBatch(mini.input_ids, mini.prompt_lens, extras)
+def _required(inputs: LossInputs | None) -> LossInputs:
+    if inputs is None:
+        raise ValueError("the RL loss needs the batch's loss_inputs (built by learner_batch); got None")
+    return inputs
 
 
 def reward_metrics(data: StepData, names: list[str]) -> dict[str, float]:

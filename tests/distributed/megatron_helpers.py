@@ -59,7 +59,16 @@ def sample_batch(seed: int = 1, lens: tuple[int, ...] = (7, 5, 9, 6), prompts: t
     g = torch.Generator().manual_seed(seed)
     ids = tuple(torch.randint(0, VOCAB, (n,), generator=g) for n in lens)
     return SequenceBatch(input_ids=ids, prompt_lens=torch.tensor(prompts),
-                         extras={"w": torch.linspace(0.5, 1.5, len(lens))})
+                         loss_inputs=weights(torch.linspace(0.5, 1.5, len(lens))))
+
+
+def weights(w: torch.Tensor) -> Any:
+    """LossInputs that carry per-sequence weights ``w`` [S] (as advantages) for :func:`sft_loss`."""
+    from hacrl_megatron.algo import LossInputs
+
+    s = len(w)
+    return LossInputs(advantages=w, is_self=torch.ones(s, dtype=torch.bool), discrepancy=torch.ones(s),
+                      source_logp_sum=torch.zeros(s), source_len=torch.ones(s, dtype=torch.long))
 
 
 def hf_token_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> list[torch.Tensor]:
@@ -76,18 +85,19 @@ def hf_seq_logprobs(model: Any, batch: Any, temperature: float = 1.0) -> torch.T
     return torch.stack([t.sum() for t in hf_token_logprobs(model, batch, temperature)])
 
 
-def sft_loss(lp: Any, extras: dict[str, torch.Tensor], m: int, n: int) -> tuple[torch.Tensor, dict[str, float]]:
-    """Weighted per-token-mean NLL, normalised by the global sequence count n (a LossFn)."""
+def sft_loss(lp: Any, inputs: Any, info: Any) -> tuple[torch.Tensor, dict[str, float]]:
+    """Weighted per-token-mean NLL (weights: ``inputs.advantages``), normalised by the global
+    sequence count of the mini-batch (a LossFn)."""
     per_seq = lp.seq_logp_sum / lp.seq_len.to(lp.seq_logp_sum.dtype)
-    loss = -(extras["w"] * per_seq).sum() / n
-    return loss, {"mean_logp": float(per_seq.mean()), "m": float(m)}
+    loss = -(inputs.advantages * per_seq).sum() / info.num_sequences
+    return loss, {"mean_logp": float(per_seq.mean()), "m": float(info.update_index)}
 
 
 def hf_reference_step(model: Any, batch: Any, lr: float, grad_clip: float = 1.0) -> tuple[dict[str, torch.Tensor], float]:
     """One AdamW step of ``sft_loss`` on an HF model: (new state dict, pre-clip grad norm)."""
     model.zero_grad()
     per_seq = hf_seq_logprobs(model, batch) / batch.response_lens.float()
-    loss = -(batch.extras["w"] * per_seq).sum() / len(batch)
+    loss = -(batch.loss_inputs.advantages * per_seq).sum() / len(batch)
     loss.backward()
     # megatron counts a tied embedding once; so does parameters() (lm_head is the same tensor)
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)

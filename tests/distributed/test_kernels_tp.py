@@ -56,6 +56,7 @@ def _compare_plain(rank, group, vocab_size, temperature):
 
 
 def _compare_fused(rank, group):
+    from hacrl_megatron.algo import LossInputs
     from hacrl_megatron.config import HACPOConfig
     from hacrl_megatron.kernels import fused_hacpo_loss, sequence_logprobs
 
@@ -64,11 +65,12 @@ def _compare_fused(rank, group):
         base = sequence_logprobs(hidden, weight, targets, cu).seq_logp_sum
     lens = torch.tensor(LENS, dtype=torch.float64)
     src_len = torch.tensor([2, 7, 9, 12])
-    seq = dict(source_logp_sum=(base / lens - torch.tensor([0.0, -0.1, 0.05, -0.15], dtype=torch.float64)) * src_len,
-               source_len=src_len, advantages=torch.tensor([0.5, 1.0, -0.7, 0.9], dtype=torch.float64),
-               is_self=torch.tensor([True, False, False, False]),
-               discrepancy=torch.tensor([1.0, 2.0, 0.5, 1.2], dtype=torch.float64),
-               update_index=1, cfg=HACPOConfig(alpha=2.0), num_sequences=5)
+    inputs = LossInputs(
+        source_logp_sum=(base / lens - torch.tensor([0.0, -0.1, 0.05, -0.15], dtype=torch.float64)) * src_len,
+        source_len=src_len, advantages=torch.tensor([0.5, 1.0, -0.7, 0.9], dtype=torch.float64),
+        is_self=torch.tensor([True, False, False, False]),
+        discrepancy=torch.tensor([1.0, 2.0, 0.5, 1.2], dtype=torch.float64))
+    seq = dict(inputs=inputs, update_index=1, cfg=HACPOConfig(alpha=2.0), num_sequences=5)
     rows = slice(rank * V_LOCAL, (rank + 1) * V_LOCAL)
     h_full, w_full = hidden.clone().requires_grad_(True), weight.clone().requires_grad_(True)
     l_full, _ = fused_hacpo_loss(h_full, w_full, targets, cu, impl="reference", **seq)

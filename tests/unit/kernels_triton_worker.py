@@ -15,6 +15,7 @@ os.environ["TRITON_INTERPRET"] = "1"
 
 import torch  # noqa: E402
 
+from hacrl_megatron.algo import LossInputs  # noqa: E402
 from hacrl_megatron.config import HACPOConfig  # noqa: E402
 from hacrl_megatron.kernels import fused_hacpo_loss, sequence_logprobs  # noqa: E402
 
@@ -97,9 +98,10 @@ def fused():
     lens = (cu[1:] - cu[:-1]).double()
     src_len = torch.tensor([6, 2, 14, 18])
     src_sum = (base.double() / lens + torch.tensor([0.0, 0.1, 0.05, 0.15])) * src_len
-    kw = dict(source_logp_sum=src_sum, source_len=src_len, advantages=torch.tensor([0.8, -0.4, 1.1, 0.6]),
-              is_self=torch.tensor([True, False, False, False]), discrepancy=torch.tensor([1.0, 2.0, 0.5, 1.5]),
-              update_index=1, cfg=HACPOConfig(alpha=1.0), num_sequences=6, temperature=0.9)
+    inputs = LossInputs(source_logp_sum=src_sum, source_len=src_len, advantages=torch.tensor([0.8, -0.4, 1.1, 0.6]),
+                        is_self=torch.tensor([True, False, False, False]),
+                        discrepancy=torch.tensor([1.0, 2.0, 0.5, 1.5]))
+    kw = dict(inputs=inputs, update_index=1, cfg=HACPOConfig(alpha=1.0), num_sequences=6, temperature=0.9)
     got = {}
     for impl in ("triton", "reference"):
         loss, metrics = fused_hacpo_loss(hidden, weight, targets, cu, impl=impl, **kw)

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from hacrl_megatron.algo import CapabilityTracker, capability_aware_advantages, hacpo_loss
 from hacrl_megatron.config import HACPOConfig
+from tests.unit.loss_inputs import from_log_ratio
 
 shapes = st.tuples(st.integers(0, 4), st.integers(1, 4), st.integers(1, 6)).filter(lambda t: t[1] * t[2] >= 2)
 
@@ -63,7 +64,7 @@ def test_loss_finite_for_any_mix_including_empty_groups(s, m, algorithm, alpha, 
     is_self = mix < (seed % 3) / 2  # all cross, half, or all self
     disc = torch.rand(s, generator=gen) * 9.9 + 0.1
     cfg = HACPOConfig(algorithm=algorithm, alpha=alpha, stepwise=stepwise)
-    loss, metrics = hacpo_loss(log_r, adv, is_self, disc, m, cfg, num_sequences=max(s, 1) * 2)
+    loss, metrics = hacpo_loss(*from_log_ratio(log_r, adv, is_self, disc), m, cfg, num_sequences=max(s, 1) * 2)
     assert torch.isfinite(loss)
     loss.backward()
     assert torch.isfinite(log_r.grad).all()

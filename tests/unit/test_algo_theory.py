@@ -14,6 +14,7 @@ from hacrl_megatron.algo import (
     sequence_log_ratio,
 )
 from hacrl_megatron.config import HACPOConfig
+from tests.unit.loss_inputs import from_log_ratio
 
 
 @pytest.mark.parametrize("rates", [(0.3, 0.7), (0.6, 0.2), (0.25, 0.5, 0.75)])
@@ -78,12 +79,13 @@ def test_micro_batches_sum_to_full_batch_loss_and_gradient(algorithm):
     cfg = HACPOConfig(algorithm=algorithm)
     log_r, adv, is_self, disc = _random_batch(3)
     full_in = log_r.clone().requires_grad_(True)
-    full_loss, _ = hacpo_loss(full_in, adv, is_self, disc, 1, cfg)
+    full_loss, _ = hacpo_loss(*from_log_ratio(full_in, adv, is_self, disc), 1, cfg)
     full_loss.backward()
     micro_in = log_r.clone().requires_grad_(True)
     total = torch.zeros((), dtype=torch.float64)
     for idx in torch.tensor_split(torch.arange(24), [5, 6, 17]):  # uneven micro-batches, one of size 1
-        loss, _ = hacpo_loss(micro_in[idx], adv[idx], is_self[idx], disc[idx], 1, cfg, num_sequences=24)
+        loss, _ = hacpo_loss(*from_log_ratio(micro_in[idx], adv[idx], is_self[idx], disc[idx]), 1, cfg,
+                             num_sequences=24)
         loss.backward()
         total = total + loss.detach()
     assert total.item() == pytest.approx(full_loss.item(), rel=1e-12)

@@ -31,6 +31,7 @@ from hacrl_megatron.algo import (
     sequence_log_ratio,
 )
 from hacrl_megatron.config import HACPOConfig
+from tests.unit.loss_inputs import from_log_ratio
 
 REWARDS = torch.tensor(
     [
@@ -195,7 +196,7 @@ def test_hacpo_loss_normaliser_and_metrics():
     log_r = torch.tensor([0.0, 0.0, math.log(0.5), math.log(0.9)], requires_grad=True)
     adv = torch.tensor([1.0, -1.0, 1.0, 1.0])
     is_self = torch.tensor([True, True, False, False])
-    loss, metrics = hacpo_loss(log_r, adv, is_self, torch.ones(4), 0, cfg, num_sequences=8)
+    loss, metrics = hacpo_loss(*from_log_ratio(log_r, adv, is_self, torch.ones(4)), 0, cfg, num_sequences=8)
     # J = [1, −1, 0.8², 0.9²] → −Σ/8
     assert loss.item() == pytest.approx(-(1 - 1 + 0.64 + 0.81) / 8)
     assert metrics["cross_clipfrac"] == 0.5 and metrics["self_clipfrac"] == 0.0

@@ -1,7 +1,7 @@
 """``fused_hacpo_loss`` equals ``algo.hacpo_loss`` on the same inputs (value, metrics, gradients).
 
 The unfused path is the composition the trainer would otherwise build: per-sequence sums from
-full [N, V] logits in float64 → ``sequence_log_ratio`` → ``hacpo_loss`` → autograd. Source
+full [N, V] logits in float64 → ``hacpo_loss`` → autograd. Source
 log-prob sums are set so that the ratios s straddle every clip boundary (self ε band, the cross
 window [lb_m, 1] for each m), so both active and clipped branches are exercised.
 """
@@ -13,7 +13,7 @@ import dataclasses
 import pytest
 import torch
 
-from hacrl_megatron.algo import hacpo_loss, sequence_log_ratio
+from hacrl_megatron.algo import LossInputs, hacpo_loss
 from hacrl_megatron.config import HACPOConfig
 from hacrl_megatron.kernels import fused_hacpo_loss, fused_sequence_loss, sequence_logprobs
 
@@ -51,16 +51,14 @@ def sequence_tensors(hidden, weight, targets, cu, temperature):
     lens = torch.tensor(LENS, dtype=torch.float64)
     src_len = torch.tensor([5, 1, 11, 6, 10, 3, 7, 4])
     src_sum = (learner / lens - torch.tensor(LOG_S, dtype=torch.float64)) * src_len
-    return dict(source_logp_sum=src_sum, source_len=src_len, advantages=torch.tensor(ADV, dtype=torch.float64),
-                is_self=torch.tensor(IS_SELF), discrepancy=torch.tensor(OMEGA, dtype=torch.float64))
+    return LossInputs(advantages=torch.tensor(ADV, dtype=torch.float64), is_self=torch.tensor(IS_SELF),
+                      discrepancy=torch.tensor(OMEGA, dtype=torch.float64), source_logp_sum=src_sum,
+                      source_len=src_len)
 
 
-def unfused(hidden, weight, targets, cu, seq, update_index, cfg, num_sequences, temperature):
+def unfused(hidden, weight, targets, cu, inputs, update_index, cfg, num_sequences, temperature):
     sums = full_logits_sums(hidden, weight, targets, cu, temperature)
-    log_ratio = sequence_log_ratio(sums, torch.tensor(LENS), seq["source_logp_sum"], seq["source_len"],
-                                   cfg.max_abs_log_ratio)
-    return hacpo_loss(log_ratio, seq["advantages"], seq["is_self"], seq["discrepancy"], update_index, cfg,
-                      num_sequences)
+    return hacpo_loss(sums, torch.tensor(LENS), inputs, update_index, cfg, num_sequences)
 
 
 CONFIGS = {
@@ -84,7 +82,7 @@ def test_fused_equals_algo_hacpo_loss(name, update_index):
     seq = sequence_tensors(hidden, weight, targets, cu, temperature)
     loss, metrics = fused_hacpo_loss(hidden, weight, targets, cu, update_index=update_index, cfg=cfg,
                                      num_sequences=11, temperature=temperature, impl="reference", chunk_size=5,
-                                     **seq)
+                                     inputs=seq)
     got = torch.autograd.grad(loss, (hidden, weight))
     ref_loss, ref_metrics = unfused(hidden, weight, targets, cu, seq, update_index, cfg, 11, temperature)
     want = torch.autograd.grad(ref_loss, (hidden, weight))
@@ -102,11 +100,12 @@ def test_clipped_sequences_contribute_no_gradient():
     hidden, weight, targets, cu = make_inputs()
     seq = sequence_tensors(hidden, weight, targets, cu, 1.0)
     keep = torch.tensor([False, False, True, False, False, False, False, False])
-    seq["advantages"] = torch.where(keep | torch.tensor([False, False, False, True, False, False, True, True]),
-                                    seq["advantages"], torch.zeros(8, dtype=torch.float64))
+    seq = dataclasses.replace(seq, advantages=torch.where(
+        keep | torch.tensor([False, False, False, True, False, False, True, True]), seq.advantages,
+        torch.zeros(8, dtype=torch.float64)))
     # at m = 3 the window is [0.875, 1]: sequences 3 (s = 0.741) and 7 (s = 0.852) lie below it
     loss, _ = fused_hacpo_loss(hidden, weight, targets, cu, update_index=3, cfg=HACPOConfig(), impl="reference",
-                               **seq)
+                               inputs=seq)
     dh, _ = torch.autograd.grad(loss, (hidden, weight))
     rows = torch.zeros(sum(LENS), dtype=torch.bool)
     rows[int(cu[2]):int(cu[3])] = True
@@ -141,12 +140,16 @@ def test_fused_sequence_loss_with_custom_loss_and_float32_inputs():
 def test_rejects_mismatched_sequence_tensors_and_token_level_algorithms():
     hidden, weight, targets, cu = make_inputs()
     seq = sequence_tensors(hidden, weight, targets, cu, 1.0)
-    bad = dict(seq, advantages=seq["advantages"][:-1])
-    with pytest.raises(ValueError, match="advantages has shape \\(7,\\), expected \\[S=8\\]"):
-        fused_hacpo_loss(hidden, weight, targets, cu, update_index=0, cfg=HACPOConfig(), **bad)
+    with pytest.raises(ValueError, match=r"LossInputs.is_self has shape \(7,\), expected \(8,\) like advantages"):
+        dataclasses.replace(seq, is_self=seq.is_self[:-1])
+    with pytest.raises(ValueError, match="is_self must be a bool tensor"):
+        dataclasses.replace(seq, is_self=seq.is_self.float())
+    short = seq.select(torch.arange(7))
+    with pytest.raises(ValueError, match="inputs hold 7 sequences, expected S=8"):
+        fused_hacpo_loss(hidden, weight, targets, cu, update_index=0, cfg=HACPOConfig(), inputs=short)
     with pytest.raises(ValueError, match="grpo"):
         fused_hacpo_loss(hidden, weight, targets, cu, update_index=0,
-                         cfg=dataclasses.replace(HACPOConfig(), algorithm="grpo"), **seq)
+                         cfg=dataclasses.replace(HACPOConfig(), algorithm="grpo"), inputs=seq)
 
 
 def test_on_policy_ratio_is_exactly_one_across_batch_compositions():
@@ -160,10 +163,10 @@ def test_on_policy_ratio_is_exactly_one_across_batch_compositions():
     idx = torch.cat([torch.arange(*bounds[s]) for s in pick])
     lens = torch.tensor([LENS[s] for s in pick])
     cu_mb = torch.tensor([0, *lens.cumsum(0).tolist()])
-    loss, metrics = fused_hacpo_loss(
-        hidden[idx], weight, targets[idx], cu_mb, source_logp_sum=old.seq_logp_sum[pick], source_len=lens,
-        advantages=torch.tensor([1.0, -1.0, 0.5]), is_self=torch.ones(3, dtype=torch.bool),
-        discrepancy=torch.ones(3), update_index=0, cfg=HACPOConfig(), impl="reference")
+    inputs = LossInputs(advantages=torch.tensor([1.0, -1.0, 0.5]), is_self=torch.ones(3, dtype=torch.bool),
+                        discrepancy=torch.ones(3), source_logp_sum=old.seq_logp_sum[pick], source_len=lens)
+    loss, metrics = fused_hacpo_loss(hidden[idx], weight, targets[idx], cu_mb, inputs=inputs, update_index=0,
+                                     cfg=HACPOConfig(), impl="reference")
     assert metrics["self_ratio_min"] == 1.0 and metrics["self_ratio_max"] == 1.0
     assert metrics["self_clipfrac"] == 0.0
     assert float(loss.detach()) == pytest.approx(-(1.0 - 1.0 + 0.5) / 3, rel=1e-6)

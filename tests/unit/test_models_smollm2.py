@@ -41,11 +41,11 @@ def test_smollm2_converts_and_matches_hf(tmp_path):
         assert torch.equal(tensor, state[name]), name
     # one real update: finite loss and gradient norm, weights move, the HF view follows
     from hacrl_megatron.agents.batch import SequenceBatch
-    from tests.distributed.megatron_helpers import sft_loss
+    from tests.distributed.megatron_helpers import sft_loss, weights
 
     g = torch.Generator().manual_seed(1)
     batch = SequenceBatch(input_ids=tuple(torch.randint(0, 49152, (20,), generator=g) for _ in range(2)),
-                          prompt_lens=torch.tensor([8, 12]), extras={"w": torch.ones(2)})
+                          prompt_lens=torch.tensor([8, 12]), loss_inputs=weights(torch.ones(2)))
     (metrics,) = agent.train([batch], sft_loss)
     assert torch.isfinite(torch.tensor([metrics["loss"], metrics["grad_norm"]])).all()
     moved = dict(agent.export_hf_weights())

@@ -1,0 +1,63 @@
+"""The per-sequence inputs of a learner's loss, as one record (paper eq. 7, 10-11; GRPO's π_old).
+
+Built once per step by the trainer for learner k's step batch, sliced with the sequences into
+mini- and micro-batches, and read by :func:`~hacrl_megatron.algo.hacpo_loss`,
+:func:`~hacrl_megatron.kernels.fused_hacpo_loss` and GRPO's token loss.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What the loss needs to know about each of S sequences besides the learner's own log-probs.
+
+    advantages: [S] float, A^(k) of each sequence (eq. 7), constants.
+    is_self: [S] bool, True where the source agent j is the learner k.
+    discrepancy: [S] float, ω^(j,k) = clip(P̂_j / P̂_k) of each sequence's source (eq. 10; 1 for self).
+    source_logp_sum: [S] float, Σ log π^(j)_old over the response in the source's tokens (eq. 11).
+    source_len: [S] int64, L_j, the source's response token count (eq. 11).
+    old_token_logp: [S, T] float or None, GRPO only: the learner's own per-token log π_old,
+        right-padded to the longest response T (sequence s uses its first ``seq_len[s]`` entries).
+    """
+
+    advantages: torch.Tensor
+    is_self: torch.Tensor
+    discrepancy: torch.Tensor
+    source_logp_sum: torch.Tensor
+    source_len: torch.Tensor
+    old_token_logp: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        if self.advantages.dim() != 1:
+            raise ValueError(f"LossInputs.advantages must be [S], got shape {tuple(self.advantages.shape)}")
+        s = self.advantages.shape[0]
+        for name in ("is_self", "discrepancy", "source_logp_sum", "source_len"):
+            value = getattr(self, name)
+            if value.shape != (s,):
+                raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
+        if self.is_self.dtype != torch.bool:
+            raise ValueError(f"LossInputs.is_self must be a bool tensor, got {self.is_self.dtype}")
+        old = self.old_token_logp
+        if old is not None and (old.dim() != 2 or old.shape[0] != s):
+            raise ValueError(f"LossInputs.old_token_logp has shape {tuple(old.shape)}, expected ({s}, T)")
+
+    def __len__(self) -> int:
+        return self.advantages.shape[0]
+
+    def _map(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> LossInputs:
+        return LossInputs(**{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                             for f in fields(self)})
+
+    def select(self, index: torch.Tensor) -> LossInputs:
+        """The rows ``index`` (int64 [S'], in the given order) of every field."""
+        return self._map(lambda t: t[index])
+
+    def to(self, device: torch.device | str) -> LossInputs:
+        """Every field on ``device``."""
+        return self._map(lambda t: t.to(device))
