@@ -17,7 +17,9 @@ spec (the only one that runs on CPU, docs/measured.md §2).
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +27,7 @@ import torch
 
 ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+RECOMPUTE = ("none", "selective", "full")
 
 
 class UnsupportedModelError(ValueError):
@@ -221,7 +224,24 @@ def use_transformer_engine() -> bool:
     return True
 
 
-def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False) -> Any:
+def recompute_kwargs(recompute: str) -> dict[str, Any]:
+    """``TransformerConfig`` fields of an activation-recompute mode (Korthikanti et al. 2022).
+
+    ``none``: keep every activation; ``selective``: recompute the attention core (softmax,
+    dropout, scores: the ``5as/h`` term of the paper's Table 2); ``full``: keep only each
+    layer's input and recompute the layer in backward (``uniform``, one layer per checkpoint).
+    """
+    if recompute not in RECOMPUTE:
+        raise ParallelLayoutError(f"recompute={recompute!r}: must be one of {list(RECOMPUTE)}")
+    if recompute == "selective":
+        return {"recompute_granularity": "selective"}
+    if recompute == "full":
+        return {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
+    return {}
+
+
+def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
+                       recompute: str = "none") -> Any:
     """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp``."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
@@ -263,6 +283,7 @@ def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parall
         calculate_per_token_loss=True,  # sum micro-batch losses, no DP averaging (agents/local.py)
         variable_seq_lengths=True,  # PP: micro-batches are padded per batch, not to a fixed length
         moe_token_dispatcher_type="alltoall",  # mcore's check for variable_seq_lengths (no MoE here)
+        **recompute_kwargs(recompute),
     )
 
 
@@ -283,38 +304,109 @@ def build_gpt_model(
     sequence_parallel: bool = False,
     vocab_divisible_by: int = 1,
     te: bool | None = None,
+    recompute: str = "none",
+    meta_rank: tuple[int, int] | None = None,
 ) -> Any:
     """The ``GPTModel`` of this rank's pipeline stage (needs :func:`init_parallel` first).
 
     Output: the model returns vocab-parallel logits ``[B, T, V_padded / tp]`` on the last stage and
     hidden states ``[T, B, H]`` on the others (megatron-core convention).
+
+    ``meta_rank=(tp_rank, pp_rank)`` builds that rank of a ``tp`` × ``pp`` layout on the ``meta``
+    device instead: no world, no :func:`init_parallel`, no parameter memory (shapes only; ~0.05 s
+    for one TP8 × PP8 rank of a 70B model). The model gets stand-in process groups of sizes
+    ``tp``/``pp`` at those ranks (:func:`stand_in_groups`) through megatron-core's
+    ``pg_collection``, so every layer is sized exactly as on the real rank; used by the planner to
+    count each rank's parameters and by tests of 70B+ layouts. Always the local layer spec (TE's
+    fused norms hold the same parameters under other names).
     """
-    from megatron.core import parallel_state as mpu
     from megatron.core.models.gpt import GPTModel
 
-    use_te = te if te is not None else use_transformer_engine()
-    if sequence_parallel and not use_te:
+    use_te = (te if te is not None else use_transformer_engine()) and meta_rank is None
+    if sequence_parallel and not use_te and meta_rank is None:
         raise ParallelLayoutError(
             "sequence_parallel=True needs the Transformer Engine layer spec (CUDA + transformer_engine); the local "
             "spec's torch norms do not support it (megatron-core torch_norm.py)"
         )
-    config = transformer_config(spec, tp, pp, sequence_parallel)
+    config = transformer_config(spec, tp, pp, sequence_parallel and meta_rank is None, recompute)
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:
         kwargs.update(rope_scaling=True, rope_scaling_factor=spec.rope_scaling_factor)
-    model = GPTModel(
-        config=config,
-        transformer_layer_spec=layer_spec(spec, use_te),
-        vocab_size=spec.padded_vocab_size(tp, vocab_divisible_by),
-        max_sequence_length=spec.max_position_embeddings,
-        pre_process=mpu.is_pipeline_first_stage(),
-        post_process=mpu.is_pipeline_last_stage(),
-        share_embeddings_and_output_weights=spec.tie_embeddings,
-        position_embedding_type="rope",
-        rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
-        parallel_output=True,
-        **kwargs,
-    )
-    if torch.cuda.is_available():
+    if meta_rank is None:
+        from megatron.core import parallel_state as mpu
+
+        first, last, context = mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage(), contextlib.nullcontext()
+    else:
+        tp_rank, pp_rank = _check_meta_rank(meta_rank, tp, pp)
+        first, last = pp_rank == 0, pp_rank == pp - 1
+        config.perform_initialization = False  # nothing to initialise on meta
+        config.use_cpu_initialization = True  # no torch.cuda.current_device() placement
+        kwargs["pg_collection"] = stand_in_groups(tp, pp, tp_rank, pp_rank)
+        context = _meta_build_context()
+    with context:
+        model = GPTModel(
+            config=config,
+            transformer_layer_spec=layer_spec(spec, use_te),
+            vocab_size=spec.padded_vocab_size(tp, vocab_divisible_by),
+            max_sequence_length=spec.max_position_embeddings,
+            pre_process=first,
+            post_process=last,
+            share_embeddings_and_output_weights=spec.tie_embeddings,
+            position_embedding_type="rope",
+            rotary_base=int(spec.rope_theta) if float(spec.rope_theta).is_integer() else spec.rope_theta,
+            parallel_output=True,
+            **kwargs,
+        )
+    if torch.cuda.is_available() and meta_rank is None:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+# --------------------------------------------------------------------------------------------
+# meta-device builds: stand-in process groups, no world
+
+
+def _check_meta_rank(meta_rank: tuple[int, int], tp: int, pp: int) -> tuple[int, int]:
+    tp_rank, pp_rank = (int(r) for r in meta_rank)
+    if not (0 <= tp_rank < tp and 0 <= pp_rank < pp):
+        raise ParallelLayoutError(f"meta_rank=(tp_rank={tp_rank}, pp_rank={pp_rank}) is outside tp={tp}, pp={pp}")
+    return tp_rank, pp_rank
+
+
+def _fake_group(rank: int, size: int) -> Any:
+    """A torch ``FakeProcessGroup`` (the ``fake`` backend: sizes and ranks, collectives are no-ops)."""
+    from torch._C._distributed_c10d import FakeProcessGroup
+
+    if hasattr(FakeProcessGroup, "_create_internal"):  # torch >= 2.9
+        return FakeProcessGroup._create_internal(rank, size)
+    return FakeProcessGroup(rank, size)
+
+
+def stand_in_groups(tp: int, pp: int, tp_rank: int, pp_rank: int) -> Any:
+    """megatron-core ``ProcessGroupCollection`` of fake groups for one rank of a ``tp`` × ``pp`` layout.
+
+    Only model construction reads them (sizes and ranks); ``embd`` is None so that a tied
+    embedding on the last stage is not all-reduced with the first (nothing to copy on meta).
+    """
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    return ProcessGroupCollection(tp=_fake_group(tp_rank, tp), pp=_fake_group(pp_rank, pp), cp=_fake_group(0, 1),
+                                  embd=None, pos_embd=None)
+
+
+@contextlib.contextmanager
+def _meta_build_context() -> Iterator[None]:
+    """Parameters on ``meta``; a one-rank ``fake`` default world while building when none exists
+    (megatron-core reads group sizes only once ``torch.distributed`` is initialised), removed after."""
+    import torch.distributed as dist
+
+    created = False
+    if not dist.is_initialized():
+        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
+        created = True
+    try:
+        with torch.device("meta"):
+            yield
+    finally:
+        if created:
+            dist.destroy_process_group()
