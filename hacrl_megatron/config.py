@@ -30,6 +30,7 @@ ENGINES = ("hf", "sglang")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+RECOMPUTE = ("none", "selective", "full")
 
 
 class ConfigError(ValueError):
@@ -45,6 +46,8 @@ class ParallelConfig:
     dp: int = 1  # data-parallel size
     sequence_parallel: bool = False  # Megatron sequence parallelism (needs tp > 1)
     use_distributed_optimizer: bool = False  # ZeRO-1 style sharded optimizer state
+    recompute: str = "none"  # activation recompute: none | selective (attention core) | full (each layer);
+    # Korthikanti et al. 2022; `hacrl plan` shows the memory of each (docs/planner.md)
 
 
 @dataclass
@@ -392,6 +395,7 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
           f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
           "(local agents share the controller's single process)")
     _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
+    _one_of(f"{path}.parallel.recompute", p.recompute, RECOMPUTE)
     _rule(agent.lr > 0, f"{path}.lr", agent.lr, "must be > 0")
     _rule(agent.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent.warmup_sft_lr, "must be > 0")
     _rule(agent.warmup_sft_batch >= 1, f"{path}.warmup_sft_batch", agent.warmup_sft_batch, "must be >= 1")

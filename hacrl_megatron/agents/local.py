@@ -109,7 +109,8 @@ class LocalAgent:
             hf_checkpoint, init_sub = init_sub, None
         self.spec, self.hf_config, source = _resolve_spec(agent, vocab_size, hf_checkpoint, hf_config)
         self.info = init_parallel(par.tp, par.pp, par.dp, seed=train.seed)
-        model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel)
+        model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel,
+                                recompute=par.recompute)
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
         self.head = self._lm_head(model, logprob_impl, par.sequence_parallel)
