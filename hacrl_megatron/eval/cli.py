@@ -65,8 +65,8 @@ def _per_agent(values: list[str] | None, agents: list[str], flag: str) -> list[s
 
 def main(args: argparse.Namespace) -> int:
     """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
-    from hacrl_megatron.eval.evaluate import markdown_table, write_results
-    from hacrl_megatron.eval.run import run_eval
+    from hacrl_megatron.eval.evaluate import EvalSettings, markdown_table, write_results
+    from hacrl_megatron.eval.run import EvalData, run_eval
     from hacrl_megatron.reward.pool import VerifierPool
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -74,16 +74,15 @@ def main(args: argparse.Namespace) -> int:
     if args.name and len(args.name) == 1 and len(args.agent) > 1:
         raise SystemExit("hacrl eval: give one --name per --agent")
     tokenizers = _per_agent(args.tokenizer, args.agent, "--tokenizer")
-    paths = dict(args.data)
+    data = EvalData(args.benchmarks, dict(args.data), limit=args.limit, difficulty=args.difficulty,
+                    task_seed=args.task_seed)
+    settings = EvalSettings(k=args.k, n=args.n, greedy=not args.sample, temperature=args.temperature,
+                            max_new_tokens=args.max_new_tokens, template=args.template, seed=args.seed)
     results = []
     with VerifierPool(num_workers=args.verifier_workers, mode=args.verifier_mode) as verifier:
         for agent, name, tok in zip(args.agent, names, tokenizers, strict=True):
-            results.append(run_eval(
-                agent, args.benchmarks, paths, args.k, n=args.n, greedy=not args.sample,
-                temperature=args.temperature, max_new_tokens=args.max_new_tokens, limit=args.limit,
-                tokenizer=tok, template=args.template, verifier=verifier, model_name=name, seed=args.seed,
-                difficulty=args.difficulty, task_seed=args.task_seed, dtype=args.dtype,
-            ))
+            results.append(run_eval(agent, data, settings, tokenizer=tok, model_name=name, dtype=args.dtype,
+                                    verifier=verifier))
     print(markdown_table(results), end="")
     if args.out:
         for kind, path in write_results(results, args.out).items():

@@ -17,7 +17,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hacrl_megatron.data.prompts import format_prompt
+from hacrl_megatron.data.records import PromptRecord
 from hacrl_megatron.eval.metrics import problem_metrics
+from hacrl_megatron.reward.verify import RewardRequest
 from hacrl_megatron.rollout.types import RolloutEngine, SamplingParams
 
 logger = logging.getLogger(__name__)
@@ -25,6 +28,62 @@ logger = logging.getLogger(__name__)
 METRICS = ("avg", "pass_at_k", "best_at_k")
 # Primary metric per benchmark in the paper's Table 1; every other benchmark uses "avg".
 PAPER_PRIMARY = {"aime2025": "best_at_k"}
+
+
+@dataclass(frozen=True)
+class EvalSettings:
+    """How one agent is sampled and scored on every benchmark.
+
+    k: the k of pass@k / best@k; n: samples per problem (None: k; must be ≥ k).
+    greedy: argmax decoding (then n must be 1: greedy samples are identical); otherwise sampling
+        at ``temperature`` / ``top_p`` with ``seed``.
+    max_new_tokens: the response budget; template: prompt template (see ``data.format_prompt``).
+    primary: benchmark → primary metric ("avg" | "pass_at_k" | "best_at_k"); None:
+        :data:`PAPER_PRIMARY` (best@k for AIME2025, avg elsewhere).
+    batch_prompts: prompts per engine call (each gives n sequences).
+    """
+
+    k: int = 1
+    n: int | None = None
+    greedy: bool = True
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_new_tokens: int = 512
+    template: str = "auto"
+    primary: Mapping[str, str] | None = None
+    batch_prompts: int = 64
+    seed: int | None = 0
+
+    def __post_init__(self) -> None:
+        n = self.samples
+        if self.k < 1 or n < self.k:
+            raise ValueError(f"evaluate: need n >= k >= 1, got k={self.k}, n={n}")
+        if self.greedy and n != 1:
+            raise ValueError(f"evaluate: greedy decoding gives identical samples; use n=k=1 or greedy=False (got n={n})")
+        if self.batch_prompts < 1:
+            raise ValueError(f"evaluate: batch_prompts={self.batch_prompts} must be >= 1")
+        for bench, metric in self.primary_metrics.items():
+            if metric not in METRICS:
+                raise ValueError(f"evaluate: primary[{bench!r}]={metric!r} must be one of {list(METRICS)}")
+
+    @property
+    def samples(self) -> int:
+        """n, the samples per problem."""
+        return self.k if self.n is None else self.n
+
+    @property
+    def primary_metrics(self) -> dict[str, str]:
+        return dict(PAPER_PRIMARY if self.primary is None else self.primary)
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(n=self.samples, temperature=0.0 if self.greedy else self.temperature, top_p=self.top_p,
+                              max_new_tokens=self.max_new_tokens, seed=self.seed)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The settings an :class:`EvalResult` records (and ``results.json`` shows)."""
+        return {"k": self.k, "n": self.samples, "greedy": self.greedy, "temperature": self.sampling_params().temperature,
+                "top_p": self.top_p, "max_new_tokens": self.max_new_tokens, "template": self.template,
+                "seed": self.seed}
 
 
 @dataclass(frozen=True)
@@ -103,35 +162,32 @@ def _score(verifier: Any, requests: list[Any]) -> list[float]:
     return scores
 
 
-def _prompt_ids(records: Sequence[Any], tokenizer: Any, template: str) -> list[list[int]]:
-    from hacrl_megatron.data.prompts import format_prompt
-
+def _prompt_ids(records: Sequence[PromptRecord], tokenizer: Any, template: str) -> list[list[int]]:
     # add_special_tokens=False: a chat template already wrote every special token into the text.
     return [list(tokenizer(format_prompt(r.question, tokenizer, template), add_special_tokens=False)["input_ids"])
             for r in records]
 
 
-def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, records: Sequence[Any],
-                        params: SamplingParams, k: int, verifier: Any, template: str,
-                        primary: str, batch_prompts: int) -> tuple[BenchmarkResult, list[dict[str, Any]]]:
-    from hacrl_megatron.reward.verify import RewardRequest
-
+def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, records: Sequence[PromptRecord],
+                        settings: EvalSettings, verifier: Any) -> tuple[BenchmarkResult, list[dict[str, Any]]]:
     if not records:
         raise ValueError(f"evaluate: benchmark {name!r} has no records")
-    prompts = _prompt_ids(records, tokenizer, template)
+    params = settings.sampling_params()
+    prompts = _prompt_ids(records, tokenizer, settings.template)
     completions = []
-    for lo in range(0, len(prompts), batch_prompts):
-        completions.extend(engine.generate(prompts[lo: lo + batch_prompts], params))
+    for lo in range(0, len(prompts), settings.batch_prompts):
+        completions.extend(engine.generate(prompts[lo: lo + settings.batch_prompts], params))
     requests = [RewardRequest(kind=r.kind, response=c.text, reference=r.answer)
                 for r, group in zip(records, completions, strict=True) for c in group]
     scores = _score(verifier, requests)
     n = params.n
     rewards = [scores[i * n: (i + 1) * n] for i in range(len(records))]
-    m = problem_metrics([[s > 0 for s in row] for row in rewards], k)
+    m = problem_metrics([[s > 0 for s in row] for row in rewards], settings.k)
     flat = [c for group in completions for c in group]
     result = BenchmarkResult(
-        name=name, num_problems=len(records), samples_per_problem=n, k=k, avg=m["avg"],
-        pass_at_k=m["pass_at_k"], best_at_k=m["best_at_k"], primary_metric=primary,
+        name=name, num_problems=len(records), samples_per_problem=n, k=settings.k, avg=m["avg"],
+        pass_at_k=m["pass_at_k"], best_at_k=m["best_at_k"],
+        primary_metric=settings.primary_metrics.get(name, "avg"),
         mean_response_tokens=sum(len(c.token_ids) for c in flat) / len(flat),
         truncated_fraction=sum(c.finish_reason == "length" for c in flat) / len(flat),
     )
@@ -143,58 +199,28 @@ def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, record
 def evaluate(
     engine: RolloutEngine,
     tokenizer: Any,
-    records: Mapping[str, Sequence[Any]],
+    records: Mapping[str, Sequence[PromptRecord]],
+    settings: EvalSettings = EvalSettings(),
     *,
-    k: int = 1,
-    n: int | None = None,
-    greedy: bool = True,
-    temperature: float = 1.0,
-    top_p: float = 1.0,
-    max_new_tokens: int = 512,
     verifier: Any,
-    template: str = "auto",
     model_name: str = "model",
-    primary: Mapping[str, str] | None = None,
-    batch_prompts: int = 64,
-    seed: int | None = 0,
 ) -> EvalResult:
     """Evaluate one agent on several benchmarks.
 
     Args:
         engine: the agent's rollout engine; tokenizer: its tokenizer (prompt formatting).
         records: benchmark name → PromptRecords.
-        k: the k of pass@k / best@k; n: samples per problem (default k; must be ≥ k).
-        greedy: argmax decoding (then n must be 1: greedy samples are identical);
-            otherwise sampling at ``temperature`` / ``top_p`` with ``seed``.
+        settings: sampling and metric settings (:class:`EvalSettings`).
         verifier: ``VerifierPool`` (anything with ``.score(list[RewardRequest]) -> list[float]``)
             or a callable with that signature.
-        primary: benchmark → primary metric ("avg" | "pass_at_k" | "best_at_k"); defaults to
-            :data:`PAPER_PRIMARY` (best@k for AIME2025, avg elsewhere).
-        batch_prompts: prompts per engine call (each gives n sequences).
+        model_name: the result's row name.
     """
-    n = k if n is None else n
-    if k < 1 or n < k:
-        raise ValueError(f"evaluate: need n >= k >= 1, got k={k}, n={n}")
-    if greedy and n != 1:
-        raise ValueError(f"evaluate: greedy decoding gives identical samples; use n=k=1 or greedy=False (got n={n})")
-    if batch_prompts < 1:
-        raise ValueError(f"evaluate: batch_prompts={batch_prompts} must be >= 1")
-    primary_map = dict(PAPER_PRIMARY if primary is None else primary)
-    for bench, metric in primary_map.items():
-        if metric not in METRICS:
-            raise ValueError(f"evaluate: primary[{bench!r}]={metric!r} must be one of {list(METRICS)}")
-    params = SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=top_p,
-                            max_new_tokens=max_new_tokens, seed=seed)
     results: dict[str, BenchmarkResult] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for name, recs in records.items():
-        results[name], samples[name] = _evaluate_benchmark(
-            engine, tokenizer, name, recs, params, k, verifier, template, primary_map.get(name, "avg"),
-            batch_prompts)
+        results[name], samples[name] = _evaluate_benchmark(engine, tokenizer, name, recs, settings, verifier)
         logger.info("%s on %s: %s = %.3f", model_name, name, results[name].label, results[name].primary)
-    settings = {"k": k, "n": n, "greedy": greedy, "temperature": params.temperature, "top_p": top_p,
-                "max_new_tokens": max_new_tokens, "template": template, "seed": seed}
-    return EvalResult(model=model_name, benchmarks=results, settings=settings, samples=samples)
+    return EvalResult(model=model_name, benchmarks=results, settings=settings.as_dict(), samples=samples)
 
 
 def markdown_table(results: Sequence[EvalResult]) -> str:

@@ -2,9 +2,9 @@
 
 Example::
 
-    from hacrl_megatron.eval import run_eval
-    res = run_eval("runs/demo/final/a", ["addition", "gsm8k"], paths={"gsm8k": "data/gsm8k/test.jsonl"},
-                   k=1, max_new_tokens=16, out_dir="runs/demo/eval")
+    from hacrl_megatron.eval import EvalData, EvalSettings, run_eval
+    res = run_eval("runs/demo/final/a", EvalData(["addition", "gsm8k"], {"gsm8k": "data/gsm8k/test.jsonl"}),
+                   EvalSettings(k=1, max_new_tokens=16), out_dir="runs/demo/eval")
 """
 
 from __future__ import annotations
@@ -12,46 +12,58 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hacrl_megatron.eval.evaluate import EvalResult, evaluate, write_results
+from hacrl_megatron.data import BENCHMARKS, TASKS, PromptRecord, load_benchmark, make_task
+from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate, write_results
+from hacrl_megatron.exchange.tokenizers import load_tokenizer
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.rollout.types import RolloutEngine
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_PROCEDURAL_EVAL_SIZE = 200
 
 
-def load_eval_records(
-    benchmarks: Sequence[str],
-    paths: Mapping[str, str | None] | None = None,
-    *,
-    limit: int | None = None,
-    difficulty: int = 2,
-    task_seed: int = 1234,
-) -> dict[str, list[Any]]:
-    """Benchmark name → PromptRecords.
+@dataclass(frozen=True)
+class EvalData:
+    """Which problems to evaluate on.
 
-    Dataset names (``data.BENCHMARKS``: math, math500, gsm8k, aime2025, amc23, minerva,
-    olympiadbench) are read from ``paths[name]`` or ``$HACRL_DATA_DIR/<name>/``; procedural task
-    names (``data.TASKS``: addition, arithmetic, linear, countdown) give their held-out eval set of
-    ``limit`` (default 200) problems at ``difficulty``/``task_seed``.
+    benchmarks: names, in table order. Dataset names (``data.BENCHMARKS``: math, math500, gsm8k,
+        aime2025, amc23, minerva, olympiadbench) are read from ``paths[name]`` or
+        ``$HACRL_DATA_DIR/<name>/``; procedural task names (``data.TASKS``: addition, arithmetic,
+        linear, countdown) give their held-out eval set at ``difficulty``/``task_seed``.
+    paths: dataset name → local file or folder (only for requested benchmarks).
+    limit: at most this many problems per benchmark (procedural default 200).
     """
-    from hacrl_megatron.data import BENCHMARKS, TASKS, load_benchmark, make_task
 
-    paths = dict(paths or {})
-    unknown = sorted(set(paths) - set(benchmarks))
-    if unknown:
-        raise ValueError(f"run_eval: paths given for benchmarks not requested: {unknown}")
-    out: dict[str, list[Any]] = {}
-    for name in benchmarks:
+    benchmarks: Sequence[str]
+    paths: Mapping[str, str | None] = field(default_factory=dict)
+    limit: int | None = None
+    difficulty: int = 2
+    task_seed: int = 1234
+
+    def __post_init__(self) -> None:
+        unknown = sorted(set(self.paths) - set(self.benchmarks))
+        if unknown:
+            raise ValueError(f"run_eval: paths given for benchmarks not requested: {unknown}")
+        for name in self.benchmarks:
+            if name not in BENCHMARKS and name not in TASKS:
+                raise ValueError(f"run_eval: unknown benchmark {name!r}; datasets: {list(BENCHMARKS)}; "
+                                 f"procedural tasks: {list(TASKS)}")
+
+
+def load_eval_records(data: EvalData) -> dict[str, list[PromptRecord]]:
+    """Benchmark name → PromptRecords (see :class:`EvalData`)."""
+    out: dict[str, list[PromptRecord]] = {}
+    for name in data.benchmarks:
         if name in BENCHMARKS:
-            out[name] = load_benchmark(name, paths.get(name), limit)
-        elif name in TASKS:
-            out[name] = make_task(name, difficulty, task_seed).eval_set(limit or DEFAULT_PROCEDURAL_EVAL_SIZE)
+            out[name] = load_benchmark(name, data.paths.get(name), data.limit)
         else:
-            raise ValueError(f"run_eval: unknown benchmark {name!r}; datasets: {list(BENCHMARKS)}; "
-                             f"procedural tasks: {list(TASKS)}")
+            out[name] = make_task(name, data.difficulty, data.task_seed).eval_set(
+                data.limit or DEFAULT_PROCEDURAL_EVAL_SIZE)
     return out
 
 
@@ -66,7 +78,6 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hacrl_megatron.exchange.tokenizers import load_tokenizer
     from hacrl_megatron.rollout.hf_engine import HFEngine
 
     if str(model_dir) == "smollm2":
@@ -86,68 +97,47 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
     return HFEngine(model.to(device), tokenizer, max_batch_size=max_batch_size), tokenizer
 
 
-def _resolve_agent(agent: Any, tokenizer: Any | None, model_name: str | None, dtype: str) -> tuple[Any, Any, str]:
+def _resolve_agent(agent: str | os.PathLike | RolloutEngine, tokenizer: Any | None, model_name: str | None,
+                   dtype: str) -> tuple[RolloutEngine, Any, str]:
     """(engine, tokenizer object, row name) for a RolloutEngine or an HF model folder."""
-    from hacrl_megatron.rollout.types import RolloutEngine
-
     if not isinstance(agent, RolloutEngine):
         engine, tokenizer = load_hf_agent(agent, tokenizer, dtype=dtype)
         return engine, tokenizer, model_name or Path(str(agent)).name
     if tokenizer is None:
         raise ValueError("run_eval: a RolloutEngine agent needs its tokenizer (object or spec)")
     if isinstance(tokenizer, str):
-        from hacrl_megatron.exchange.tokenizers import load_tokenizer
-
         tokenizer = load_tokenizer(tokenizer)
     return agent, tokenizer, model_name or type(agent).__name__
 
 
 def run_eval(
-    agent: str | os.PathLike | Any,
-    benchmarks: Sequence[str],
-    paths: Mapping[str, str | None] | None = None,
-    k: int = 1,
+    agent: str | os.PathLike | RolloutEngine,
+    data: EvalData,
+    settings: EvalSettings = EvalSettings(),
     *,
-    n: int | None = None,
-    greedy: bool = True,
-    temperature: float = 1.0,
-    max_new_tokens: int = 512,
-    limit: int | None = None,
     tokenizer: Any | None = None,
-    template: str = "auto",
-    verifier: Any | None = None,
-    verifier_workers: int = 0,
-    verifier_mode: str = "math",
     model_name: str | None = None,
-    out_dir: str | os.PathLike | None = None,
-    primary: Mapping[str, str] | None = None,
-    seed: int | None = 0,
-    difficulty: int = 2,
-    task_seed: int = 1234,
     dtype: str = "float32",
+    verifier: Any | None = None,
+    out_dir: str | os.PathLike | None = None,
 ) -> EvalResult:
-    """Evaluate one agent on ``benchmarks`` and optionally write ``out_dir/results.{json,md}``.
+    """Evaluate one agent on ``data``'s benchmarks and optionally write ``out_dir/results.{json,md}``.
 
     Args:
         agent: an HF model folder, ``"smollm2"``, or a ready :class:`RolloutEngine` (then
             ``tokenizer`` must be the engine's tokenizer object or spec).
-        benchmarks / paths / limit / difficulty / task_seed: see :func:`load_eval_records`.
-        k, n, greedy, temperature, max_new_tokens, template, primary, seed: see
-            :func:`~hacrl_megatron.eval.evaluate.evaluate`.
-        verifier: a verifier to reuse; else a ``VerifierPool(verifier_workers, mode=verifier_mode)``
-            is created (0 workers scores in this process) and closed afterwards.
+        data: the benchmarks (:class:`EvalData`); settings: sampling and metrics (:class:`EvalSettings`).
+        tokenizer, dtype: see :func:`load_hf_agent`; model_name: the row name (default: folder name).
+        verifier: a verifier to reuse; else an in-process ``VerifierPool(0, mode="math")`` is
+            created and closed afterwards.
     """
     engine, tokenizer, name = _resolve_agent(agent, tokenizer, model_name, dtype)
-    records = load_eval_records(benchmarks, paths, limit=limit, difficulty=difficulty, task_seed=task_seed)
+    records = load_eval_records(data)
     own_verifier = verifier is None
     if own_verifier:
-        from hacrl_megatron.reward.pool import VerifierPool
-
-        verifier = VerifierPool(num_workers=verifier_workers, mode=verifier_mode)
+        verifier = VerifierPool(num_workers=0, mode="math")
     try:
-        result = evaluate(engine, tokenizer, records, k=k, n=n, greedy=greedy, temperature=temperature,
-                          max_new_tokens=max_new_tokens, verifier=verifier, template=template,
-                          model_name=name, primary=primary, seed=seed)
+        result = evaluate(engine, tokenizer, records, settings, verifier=verifier, model_name=name)
     finally:
         if own_verifier:
             verifier.close()

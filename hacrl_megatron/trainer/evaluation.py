@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.data import PromptRecord
+from hacrl_megatron.eval.evaluate import EvalSettings, evaluate
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.trainer.runtime import AgentRuntime
 
 
-def evaluate_agents(runtimes, records, verifier, max_new_tokens: int) -> dict[str, float]:
+def evaluate_agents(runtimes: list[AgentRuntime], records: list[PromptRecord], verifier: VerifierPool,
+                    max_new_tokens: int) -> dict[str, float]:
     """Greedy (temperature 0) accuracy of each agent on ``records``: {agent name: avg@1}."""
-    from hacrl_megatron.eval.evaluate import evaluate
-
     out = {}
     for rt in runtimes:
-        result = evaluate(rt.engine, rt.tokenizer, {"eval": records}, greedy=True, max_new_tokens=max_new_tokens,
-                          verifier=verifier, template=rt.cfg.prompt_template, model_name=rt.name)
+        settings = EvalSettings(greedy=True, max_new_tokens=max_new_tokens, template=rt.cfg.prompt_template)
+        result = evaluate(rt.engine, rt.tokenizer, {"eval": records}, settings, verifier=verifier,
+                          model_name=rt.name)
         out[rt.name] = result.benchmarks["eval"].primary
     return out
 

@@ -18,12 +18,17 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBatch
 from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
+from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.trainer.evaluation import evaluate_agents
+from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +70,7 @@ def sft_loss(out: LogProbOutput, inputs: LossInputs | None, info: MiniBatchInfo)
     return -per_token.sum() / info.num_sequences, {"nll_per_token": float(-per_token.detach().mean())}
 
 
-def sft_batch(rt, task, records) -> SequenceBatch:
+def sft_batch(rt: AgentRuntime, task: Task, records: list[PromptRecord]) -> SequenceBatch:
     """Prompt (agent's template) + target answer + the agent's eos, one sequence per record."""
     eos = rt.tokenizer.eos_token_id
     seqs, prompt_lens = [], []
@@ -77,12 +82,8 @@ def sft_batch(rt, task, records) -> SequenceBatch:
     return SequenceBatch(tuple(seqs), torch.tensor(prompt_lens, dtype=torch.long))
 
 
-def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) -> dict:
+def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: VerifierPool) -> dict[str, Any]:
     """Train agent ``index`` by SFT until its greedy accuracy reaches the target; save HF weights."""
-    from hacrl_megatron.data import make_task
-    from hacrl_megatron.trainer.evaluation import evaluate_agents
-    from hacrl_megatron.trainer.runtime import build_runtime
-
     agent = exp.agents[index]
     sft_agent = dataclasses.replace(agent, lr=agent.warmup_sft_lr, init_checkpoint=None)
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
@@ -115,9 +116,6 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier) ->
 
 def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
     """Warm up every agent that needs it (cached unless ``force``); returns name → HF checkpoint dir."""
-    from hacrl_megatron.reward.pool import VerifierPool
-    from hacrl_megatron.trainer.runtime import configure_process
-
     configure_process(exp)
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
     out = {}

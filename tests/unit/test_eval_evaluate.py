@@ -8,7 +8,15 @@ import pytest
 import torch
 
 from hacrl_megatron.data import PromptRecord
-from hacrl_megatron.eval import EvalResult, evaluate, markdown_table, run_eval, write_results
+from hacrl_megatron.eval import (
+    EvalData,
+    EvalResult,
+    EvalSettings,
+    evaluate,
+    markdown_table,
+    run_eval,
+    write_results,
+)
 from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.reward import VerifierPool
 from hacrl_megatron.rollout import Completion, HFEngine, RolloutEngine, SamplingParams
@@ -63,8 +71,9 @@ def test_scripted_engine_exact_metrics(tok, verifier, tmp_path):
               for r, row in zip(recs, pattern, strict=True)}
     engine = ScriptedEngine(tok, script)
     assert isinstance(engine, RolloutEngine)
-    res = evaluate(engine, tok, {"toy": recs, "aime2025": recs}, k=2, n=4, greedy=False, temperature=0.6,
-                   max_new_tokens=8, verifier=verifier, template="plain", model_name="scripted", batch_prompts=3)
+    settings = EvalSettings(k=2, n=4, greedy=False, temperature=0.6, max_new_tokens=8, template="plain",
+                            batch_prompts=3)
+    res = evaluate(engine, tok, {"toy": recs, "aime2025": recs}, settings, verifier=verifier, model_name="scripted")
     b = res.benchmarks["toy"]
     assert (b.num_problems, b.samples_per_problem, b.k) == (4, 4, 2)
     assert b.avg == pytest.approx(0.4375) and b.pass_at_k == pytest.approx((1 + 5 / 6 + 0.5) / 4)
@@ -88,13 +97,19 @@ def test_scripted_engine_exact_metrics(tok, verifier, tmp_path):
 def test_evaluate_validates(tok, verifier):
     engine = ScriptedEngine(tok, {})
     with pytest.raises(ValueError, match="greedy decoding gives identical samples"):
-        evaluate(engine, tok, {"toy": records([1])}, k=2, verifier=verifier)
+        EvalSettings(k=2)
     with pytest.raises(ValueError, match="n >= k >= 1"):
-        evaluate(engine, tok, {"toy": records([1])}, k=3, n=2, greedy=False, verifier=verifier)
+        EvalSettings(k=3, n=2, greedy=False)
     with pytest.raises(ValueError, match="primary\\['toy'\\]='max'"):
-        evaluate(engine, tok, {"toy": records([1])}, verifier=verifier, primary={"toy": "max"})
+        EvalSettings(primary={"toy": "max"})
+    with pytest.raises(ValueError, match="batch_prompts=0"):
+        EvalSettings(batch_prompts=0)
     with pytest.raises(ValueError, match="'toy' has no records"):
         evaluate(engine, tok, {"toy": []}, verifier=verifier)
+    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
+        EvalData(["nope"])
+    with pytest.raises(ValueError, match=r"paths given for benchmarks not requested: \['math'\]"):
+        EvalData(["gsm8k"], {"math": "x.jsonl"})
 
 
 def test_markdown_table_missing_cells():
@@ -109,22 +124,22 @@ def test_run_eval_on_saved_tiny_model(tok, tmp_path):
     model = tiny_llama(len(tok))
     model.save_pretrained(tmp_path / "agent")
     tok.save_pretrained(tmp_path / "agent")
-    res = run_eval(tmp_path / "agent", ["addition"], k=1, max_new_tokens=6, limit=8, template="plain",
-                   out_dir=tmp_path / "eval")
+    data, settings = EvalData(["addition"], limit=8), EvalSettings(k=1, max_new_tokens=6, template="plain")
+    res = run_eval(tmp_path / "agent", data, settings, out_dir=tmp_path / "eval")
     b = res.benchmarks["addition"]
     assert res.model == "agent" and b.num_problems == 8 and 0.0 <= b.avg <= 1.0
     assert b.mean_response_tokens <= 6
     assert (tmp_path / "eval" / "results.md").read_text().startswith("| model | addition (avg@1) | average |")
     # the same through a ready engine: identical greedy results
     engine = HFEngine(model, tok)
-    again = run_eval(engine, ["addition"], k=1, max_new_tokens=6, limit=8, tokenizer=tok, template="plain")
+    again = run_eval(engine, data, settings, tokenizer=tok)
     assert again.samples["addition"] == res.samples["addition"]
-    with pytest.raises(ValueError, match="unknown benchmark 'nope'"):
-        run_eval(engine, ["nope"], tokenizer=tok)
+    assert again.settings == res.settings == {"k": 1, "n": 1, "greedy": True, "temperature": 0.0, "top_p": 1.0,
+                                              "max_new_tokens": 6, "template": "plain", "seed": 0}
     with pytest.raises(ValueError, match="needs its tokenizer"):
-        run_eval(engine, ["addition"])
+        run_eval(engine, data)
     with pytest.raises(FileNotFoundError, match="no config.json"):
-        run_eval(tmp_path / "missing", ["addition"])
+        run_eval(tmp_path / "missing", data)
 
 
 def test_run_eval_dataset_fixture(tok, tmp_path):
@@ -132,5 +147,6 @@ def test_run_eval_dataset_fixture(tok, tmp_path):
     rows = [{"question": "What is 2+2?", "answer": "2+2=4\n#### 4"}, {"question": "What is 3+3?", "answer": "#### 6"}]
     path.write_text("\n".join(json.dumps(r) for r in rows))
     script = {"Q: What is 2+2? A: ": ["\\boxed{4}"], "Q: What is 3+3? A: ": ["\\boxed{5}"]}
-    res = run_eval(ScriptedEngine(tok, script), ["gsm8k"], {"gsm8k": str(path)}, tokenizer=tok, template="plain")
+    res = run_eval(ScriptedEngine(tok, script), EvalData(["gsm8k"], {"gsm8k": str(path)}),
+                   EvalSettings(template="plain"), tokenizer=tok)
     assert res.benchmarks["gsm8k"].avg == 0.5
