@@ -5,16 +5,41 @@ process: tests, the CPU demo), :class:`~hacrl_megatron.agents.ray_agent.RayAgent
 TP×PP×DP ranks as Ray actors in their own world: clusters, mixed layouts) and
 :class:`~hacrl_megatron.agents.hf.HFAgent` (plain transformers, the reference). The loop never knows
 which implementation it drives.
+
+Training can overlap across agents: :meth:`AgentHandle.train_async` returns a
+:class:`PendingResult` at once. Agents whose ranks run elsewhere (Ray) start the update and return;
+agents that run in the calling process finish it first and return a :class:`CompletedResult`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol, runtime_checkable
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar, runtime_checkable
 
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class PendingResult(Protocol[T_co]):
+    """A call that may still be running; :meth:`result` waits for it and returns its value."""
+
+    def result(self) -> T_co:
+        """Wait for the call and return its value (re-raising its error)."""
+
+
+@dataclass(frozen=True)
+class CompletedResult(Generic[T]):
+    """A :class:`PendingResult` of a call that already finished in this process."""
+
+    value: T
+
+    def result(self) -> T:
+        return self.value
 
 
 @runtime_checkable
@@ -30,6 +55,11 @@ class AgentHandle(Protocol):
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1, in order); returns one metrics dict each."""
 
+    def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn,
+                    temperature: float = 1.0) -> PendingResult[list[dict[str, float]]]:
+        """:meth:`train` without waiting where the agent's ranks run elsewhere, so that agents on
+        disjoint resources update concurrently; ``.result()`` gives :meth:`train`'s metrics."""
+
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors (gathered across TP/PP), streamed one at a time."""
 
@@ -41,3 +71,6 @@ class AgentHandle(Protocol):
 
     def stats(self) -> dict[str, float]:
         """Memory and timing counters (tokens/s of the last train/logprob calls, peak memory)."""
+
+    def close(self) -> None:
+        """Release what the agent holds outside this process (worker actors, placement); idempotent."""

@@ -16,7 +16,8 @@ from typing import Any
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
-from hacrl_megatron.agents.packing import micro_batches, pad_right, response_logprobs_from_logits
+from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.padding import micro_batches, pad_right, response_logprobs_from_logits
 
 
 def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
@@ -97,10 +98,10 @@ class HFAgent:
             start = time.perf_counter()
             lr = self._set_lr()
             self.optimizer.zero_grad(set_to_none=True)
-            total_loss, sums, count = 0.0, {}, 0
+            total_loss, sums, count, info = 0.0, {}, 0, mini.info(m)
             for mb in micro_batches(mini, self.micro_batch_size):
                 out = self._logprobs(mb, temperature)
-                loss, metrics = loss_fn(out, mb.extras, m, len(mini))
+                loss, metrics = loss_fn(out, mb.loss_inputs, info)
                 loss.backward()
                 total_loss += float(loss.detach())
                 for key, value in metrics.items():
@@ -117,6 +118,11 @@ class HFAgent:
             metrics.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update=float(self.updates))
             results.append(metrics)
         return results
+
+    def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn,
+                    temperature: float = 1.0) -> CompletedResult[list[dict[str, float]]]:
+        """:meth:`train`, run now (the model is in this process): an already-completed result."""
+        return CompletedResult(self.train(mini_batches, loss_fn, temperature))
 
     # ---- state -----------------------------------------------------------------------------
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
@@ -156,3 +162,6 @@ class HFAgent:
         except ImportError:  # not on every platform
             pass
         return out
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process."""

@@ -5,7 +5,7 @@ the CPU demo the world is the controller process itself (TP = PP = DP = 1), and 
 share it because they share megatron's parallel state of sizes 1 (docs/architecture.md, "local" mode).
 
 Training (docs/algorithm.md §7): for each mini-batch m the sequences are split over data-parallel ranks, then
-into micro-batches of ``train.micro_batch_size`` sequences; ``loss_fn`` returns each micro-batch's
+into micro-batches of ``train_cfg.micro_batch_size`` sequences; ``loss_fn`` returns each micro-batch's
 loss already divided by the mini-batch's global sequence count, and gradients are **summed** over
 micro-batches and DP ranks (``calculate_per_token_loss=True`` turns off megatron's division by the
 number of micro-batches and its DP averaging; :func:`_finalize_grads` skips the token rescaling),
@@ -23,7 +23,8 @@ import torch
 
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
-from hacrl_megatron.agents.engine import (
+from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.schedule import (
     LMHead,
     MicroBatch,
     dp_slice,
@@ -31,6 +32,7 @@ from hacrl_megatron.agents.engine import (
     run_schedule,
     split_micro_batches,
 )
+from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
@@ -51,13 +53,14 @@ def _finalize_grads(model_chunks: list, num_tokens: Any = None, *args: Any, **kw
     finalize_model_grads(model_chunks, None)
 
 
-def _resolve_spec(agent: Any, vocab_size: int | None, hf_checkpoint: Any, hf_config: Any) -> tuple[ArchSpec, Any, Any]:
+def _resolve_spec(agent_cfg: AgentConfig, vocab_size: int | None, hf_checkpoint: Any,
+                  hf_config: Any) -> tuple[ArchSpec, Any, Any]:
     """(ArchSpec, HF config, weight source or None) from the agent config and optional HF inputs.
 
-    Precedence: an explicit ``hf_config``; else ``agent.model.hf_path``'s config; else the sizes in
-    ``agent.model``. A string ``hf_checkpoint`` must describe the same model.
+    Precedence: an explicit ``hf_config``; else ``agent_cfg.model.hf_path``'s config; else the sizes
+    in ``agent_cfg.model``. A string ``hf_checkpoint`` must describe the same model.
     """
-    model_cfg = agent.model
+    model_cfg = agent_cfg.model
     source = None
     if hf_config is not None:
         spec = arch_from_hf(hf_config, dtype=model_cfg.dtype)
@@ -83,38 +86,39 @@ class LocalAgent:
     """One Megatron agent driven in-process (see module docstring).
 
     Args:
-        agent: ``AgentConfig`` (name, model, parallel, lr, init_checkpoint).
-        train: ``TrainConfig`` (micro_batch_size, grad_clip, weight_decay, adam_beta1/2,
-            lr_warmup_steps, lr_schedule, seed).
+        agent_cfg: name, model, parallel, lr, init_checkpoint.
+        train_cfg: micro_batch_size, grad_clip, weight_decay, adam_beta1/2, lr_warmup_steps,
+            lr_schedule, seed.
         vocab_size: tokenizer vocabulary for models built from sizes (``model.vocab_size`` None).
         hf_checkpoint: HF weights to start from: a directory, or an HF-named state dict; default
-            ``agent.model.hf_path``'s weights, else ``agent.init_checkpoint`` (HF dir or Megatron
+            ``agent_cfg.model.hf_path``'s weights, else ``agent_cfg.init_checkpoint`` (HF dir or Megatron
             checkpoint from :meth:`save`), else megatron's random init (std 0.02).
-        hf_config: the HF config of the model (overrides ``agent.model``; see :meth:`from_hf_model`).
+        hf_config: the HF config of the model (overrides ``agent_cfg.model``; see :meth:`from_hf_model`).
         logprob_impl: "auto" | "reference" | "triton": ``hacrl_megatron.kernels.sequence_logprobs``
             from hidden states (no [N, V] logits; "auto" = Triton on CUDA, torch reference on CPU);
             "megatron": logits + megatron's ``vocab_parallel_cross_entropy`` (also used with
             sequence parallelism, whose hidden states are sharded along the sequence).
         total_updates: optimizer updates of the whole run (cosine decay length); default
-            ``train.steps * train.mini_batches``.
+            ``train_cfg.steps * train_cfg.mini_batches``.
     """
 
-    def __init__(self, agent: Any, train: Any, *, vocab_size: int | None = None, hf_checkpoint: Any = None,
-                 hf_config: Any = None, total_updates: int | None = None, logprob_impl: str = "auto") -> None:
-        self.name = agent.name
-        self.train_cfg = train
-        par = agent.parallel
-        init_sub = agent.init_checkpoint
+    def __init__(self, agent_cfg: AgentConfig, train_cfg: TrainConfig, *, vocab_size: int | None = None,
+                 hf_checkpoint: Any = None, hf_config: Any = None, total_updates: int | None = None,
+                 logprob_impl: str = "auto") -> None:
+        self.name = agent_cfg.name
+        self.train_cfg = train_cfg
+        par = agent_cfg.parallel
+        init_sub = agent_cfg.init_checkpoint
         if hf_checkpoint is None and init_sub is not None and is_hf_dir(init_sub):
             hf_checkpoint, init_sub = init_sub, None
-        self.spec, self.hf_config, source = _resolve_spec(agent, vocab_size, hf_checkpoint, hf_config)
-        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train.seed)
+        self.spec, self.hf_config, source = _resolve_spec(agent_cfg, vocab_size, hf_checkpoint, hf_config)
+        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed)
         model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel,
                                 recompute=par.recompute)
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
         self.head = self._lm_head(model, logprob_impl, par.sequence_parallel)
-        self.model, self.optimizer, self.scheduler = self._build_training(model, agent, train, total_updates)
+        self.model, self.optimizer, self.scheduler = self._build_training(model, agent_cfg, train_cfg, total_updates)
         self.updates = 0
         self._stats: dict[str, float] = {}
         if init_sub is not None:
@@ -140,13 +144,15 @@ class LocalAgent:
         return LMHead(impl, self.spec.vocab_size, weight, group)
 
     @classmethod
-    def from_hf_model(cls, agent: Any, hf_model: Any, *, train: Any, total_updates: int | None = None) -> LocalAgent:
+    def from_hf_model(cls, agent_cfg: AgentConfig, hf_model: Any, *, train_cfg: TrainConfig,
+                      total_updates: int | None = None) -> LocalAgent:
         """An agent initialised from an in-memory transformers causal LM (its config and weights)."""
         state = {k: v.detach() for k, v in hf_model.state_dict().items()}
-        return cls(agent, train, hf_checkpoint=state, hf_config=hf_model.config, total_updates=total_updates)
+        return cls(agent_cfg, train_cfg, hf_checkpoint=state, hf_config=hf_model.config, total_updates=total_updates)
 
     # ----------------------------------------------------------------------------------------
-    def _build_training(self, model: Any, agent: Any, train: Any, total_updates: int | None) -> tuple:
+    def _build_training(self, model: Any, agent_cfg: AgentConfig, train_cfg: TrainConfig,
+                        total_updates: int | None) -> tuple:
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
@@ -157,22 +163,23 @@ class LocalAgent:
             config=config,
             ddp_config=DistributedDataParallelConfig(
                 grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                use_distributed_optimizer=agent.parallel.use_distributed_optimizer,
+                use_distributed_optimizer=agent_cfg.parallel.use_distributed_optimizer,
             ),
             module=model,
         )
         opt_cfg = OptimizerConfig(
-            optimizer="adam", lr=agent.lr, min_lr=0.0 if train.lr_schedule == "cosine" else agent.lr,
-            weight_decay=train.weight_decay, adam_beta1=train.adam_beta1, adam_beta2=train.adam_beta2,
-            adam_eps=1e-8, clip_grad=train.grad_clip, use_distributed_optimizer=agent.parallel.use_distributed_optimizer,
+            optimizer="adam", lr=agent_cfg.lr, min_lr=0.0 if train_cfg.lr_schedule == "cosine" else agent_cfg.lr,
+            weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.adam_beta1, adam_beta2=train_cfg.adam_beta2,
+            adam_eps=1e-8, clip_grad=train_cfg.grad_clip,
+            use_distributed_optimizer=agent_cfg.parallel.use_distributed_optimizer,
             bf16=config.bf16, fp16=config.fp16, params_dtype=config.params_dtype,
         )
         optimizer = get_megatron_optimizer(opt_cfg, [ddp])
-        total = max(1, total_updates if total_updates is not None else train.steps * train.mini_batches)
+        total = max(1, total_updates if total_updates is not None else train_cfg.steps * train_cfg.mini_batches)
         scheduler = OptimizerParamScheduler(
-            optimizer, init_lr=0.0, max_lr=agent.lr, min_lr=opt_cfg.min_lr, lr_warmup_steps=train.lr_warmup_steps,
-            lr_decay_steps=max(total, train.lr_warmup_steps + 1), lr_decay_style=train.lr_schedule,
-            start_wd=train.weight_decay, end_wd=train.weight_decay, wd_incr_steps=total, wd_incr_style="constant",
+            optimizer, init_lr=0.0, max_lr=agent_cfg.lr, min_lr=opt_cfg.min_lr, lr_warmup_steps=train_cfg.lr_warmup_steps,
+            lr_decay_steps=max(total, train_cfg.lr_warmup_steps + 1), lr_decay_style=train_cfg.lr_schedule,
+            start_wd=train_cfg.weight_decay, end_wd=train_cfg.weight_decay, wd_incr_steps=total, wd_incr_style="constant",
         )
         return ddp, optimizer, scheduler
 
@@ -250,12 +257,17 @@ class LocalAgent:
         self._stats["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
         return out
 
+    def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn,
+                    temperature: float = 1.0) -> CompletedResult[list[dict[str, float]]]:
+        """:meth:`train`, run now (this process is the agent's world): an already-completed result."""
+        return CompletedResult(self.train(mini_batches, loss_fn, temperature))
+
     def _update(self, m: int, mini: SequenceBatch, loss_fn: LossFn, temperature: float) -> dict[str, float]:
-        global_n = len(mini)
+        info = mini.info(m)  # the whole mini-batch, before the data-parallel split
         records: list[tuple[float, dict[str, float]]] = []
 
         def step_loss(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
-            loss, metrics = loss_fn(lp, mb.extras, m, global_n)
+            loss, metrics = loss_fn(lp, mb.loss_inputs, info)
             records.append((float(loss.detach()), dict(metrics)))
             return loss
 
@@ -314,4 +326,7 @@ class LocalAgent:
     def num_parameters(self) -> int:
         """Parameters of the whole model as HF counts them (unpadded vocab, all stages)."""
         return self.spec.num_parameters()
+
+    def close(self) -> None:
+        """Nothing to release: the model lives in this process and goes with the object."""
 

@@ -77,11 +77,9 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
         if exp.hacpo.algorithm == "grpo":
             minis = [stages.with_token_count(mb) for mb in minis]
-        start_async = getattr(rt.agent, "train_async", None)
-        train = start_async if start_async is not None else rt.agent.train
-        launched.append((rt, len(batch), train(minis, loss_fn, exp.rollout.temperature)))
-    for rt, num_sequences, result in launched:
-        per_update = result if isinstance(result, list) else result.result()
+        launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
+    for rt, num_sequences, pending in launched:
+        per_update = pending.result()
         for key in per_update[0]:
             metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
         first = per_update[0]

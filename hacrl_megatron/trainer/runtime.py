@@ -50,9 +50,7 @@ class AgentRuntime:
     def close(self) -> None:
         if self.server is not None:
             self.server.stop()
-        shutdown = getattr(self.agent, "shutdown", None)  # Ray worker groups release their actors
-        if shutdown is not None:
-            shutdown()
+        self.agent.close()  # Ray worker groups release their actors
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (docs/architecture.md, "Weight sync")."""
@@ -125,7 +123,7 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
         return build_ray_agent(cfg, model, t, total_updates)
     from hacrl_megatron.agents.local import LocalAgent
 
-    return LocalAgent.from_hf_model(cfg, model, train=t, total_updates=total_updates)
+    return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
 def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:

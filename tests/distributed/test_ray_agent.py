@@ -23,15 +23,9 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from hacrl_megatron.agents.ray_agent import (  # noqa: E402
-    RayAgent,
-    RayAgentError,
-    SharedStateDict,
-    _rank_order,
-    build_ray_agent,
-    rank_envs,
-    require_ray,
-)
+from hacrl_megatron.agents.ray_agent import RayAgent, RayAgentError, build_ray_agent  # noqa: E402
+from hacrl_megatron.agents.ray_placement import rank_envs, rank_order, require_ray  # noqa: E402
+from hacrl_megatron.agents.ray_worker import SharedStateDict  # noqa: E402
 from tests.distributed.megatron_helpers import (  # noqa: E402
     agent_config,
     make_tiny_hf,
@@ -61,7 +55,7 @@ def _reference(arch: str, hf_model, batch) -> dict:
     """TP = 1 LocalAgent in this process: log-probs, one update (metrics, exported weights)."""
     from hacrl_megatron.agents.local import LocalAgent
 
-    local = LocalAgent.from_hf_model(agent_config(arch, lr=LR), hf_model, train=train_config())
+    local = LocalAgent.from_hf_model(agent_config(arch, lr=LR), hf_model, train_cfg=train_config())
     logprobs, lens = local.sequence_logprobs(batch)
     tokens = local.token_logprobs(batch)
     (metrics,) = local.train([batch], sft_loss)
@@ -114,7 +108,7 @@ def test_tp2_ray_agent_equals_tp1_local_and_checkpoints(tmp_path):
 
         from hacrl_megatron.agents.local import LocalAgent
 
-        local = LocalAgent.from_hf_model(agent_config("llama", lr=LR), hf, train=train_config())
+        local = LocalAgent.from_hf_model(agent_config("llama", lr=LR), hf, train_cfg=train_config())
         local.load(str(tmp_path / "ck"))  # written by two ranks at TP = 2, read at TP = 1
         torch.testing.assert_close(local.sequence_logprobs(batch)[0], saved_lp, rtol=1e-6, atol=1e-6)
 
@@ -124,19 +118,19 @@ def test_tp2_ray_agent_equals_tp1_local_and_checkpoints(tmp_path):
         with pytest.raises(RayAgentError, match="is shut down"):
             agent.stats()
     finally:
-        agent.shutdown()
+        agent.close()
 
 
 def test_pp2_ray_agent_equals_tp1_local_and_names_failing_rank(tmp_path):
     hf = make_tiny_hf("qwen3", str(tmp_path / "hf"), seed=4)
     batch = sample_batch(seed=5)
     ref = _reference("qwen3", hf, batch)
-    agent = RayAgent.from_hf_model(agent_config("qwen3", pp=2, lr=LR, name="q"), hf, train=train_config(), **CPU)
+    agent = RayAgent.from_hf_model(agent_config("qwen3", pp=2, lr=LR, name="q"), hf, train_cfg=train_config(), **CPU)
     try:
         assert [i["pp_rank"] for i in agent.infos] == [0, 1]
         _check_against_reference(agent, ref, batch)
 
-        def bad_loss(lp, extras, m, n):
+        def bad_loss(lp, inputs, info):
             raise ValueError("loss exploded")
 
         # the loss runs on the last stage only: rank 1 raises, rank 0 would wait in a p2p forever
@@ -146,7 +140,7 @@ def test_pp2_ray_agent_equals_tp1_local_and_names_failing_rank(tmp_path):
         with pytest.raises(RayAgentError, match="agent 'q' is shut down"):
             agent.sequence_logprobs(batch)
     finally:
-        agent.shutdown()
+        agent.close()
     assert not agent._workers and agent._pg is None
 
 
@@ -165,7 +159,7 @@ def test_gpu_ranks_get_one_gpu_each_and_match_local(tmp_path):
         _check_against_reference(agent, ref, batch, tol=1e-4)  # GPU kernels sum in other orders
         assert agent.stats()["peak_cuda_mib"] > 0
     finally:
-        agent.shutdown()
+        agent.close()
 
 
 def test_layout_larger_than_cluster_is_refused_naming_agent_and_resources():
@@ -212,4 +206,4 @@ def test_shared_state_dict_round_trips_every_dtype_bit_exactly():
 
 def test_rank_order_groups_bundles_by_node():
     infos = [{"ip": "b"}, {"ip": "a"}, {"ip": "b"}, {"ip": "a"}]
-    assert _rank_order(infos) == [0, 2, 1, 3]
+    assert rank_order(infos) == [0, 2, 1, 3]

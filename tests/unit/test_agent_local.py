@@ -63,7 +63,7 @@ def test_one_update_equals_hf_adamw(hf_dirs, micro):
     assert metrics["grad_norm"] == pytest.approx(norm, rel=1e-5)
     assert metrics["lr"] == 1e-3 and metrics["m"] == 0.0
     per_seq = hf_seq_logprobs(hf, batch) / batch.response_lens
-    assert metrics["loss"] == pytest.approx(float(-(batch.extras["w"] * per_seq).sum() / 4), rel=1e-5)
+    assert metrics["loss"] == pytest.approx(float(-(batch.loss_inputs.advantages * per_seq).sum() / 4), rel=1e-5)
 
 
 def test_training_changes_every_parameter_and_lowers_the_loss():
@@ -103,7 +103,8 @@ def test_save_load_restores_model_optimizer_and_schedule(hf_dirs, tmp_path, dist
     assert agent.updates == 1
     for n, p in agent.module.named_parameters():
         assert torch.equal(p, saved[n]), n
-    replay = agent.train([batch], sft_loss)[0]  # same Adam moments and step count ⇒ the same update
+    # same Adam moments and step count ⇒ the same update; in-process train_async has already run it
+    replay = agent.train_async([batch], sft_loss).result()[0]
     assert replay["loss"] == pytest.approx(continued["loss"], rel=1e-6)
     for n, p in agent.module.named_parameters():
         torch.testing.assert_close(p, after_continue[n], rtol=0, atol=1e-7)
@@ -133,7 +134,7 @@ def test_two_agents_share_the_process_and_bigger_layouts_are_refused(hf_dirs):
 
 def test_from_hf_model_and_init_checkpoint(hf_dirs, tmp_path):
     hf, path = hf_dirs["qwen3"]
-    agent = LocalAgent.from_hf_model(agent_config("qwen3", None), hf, train=train_config())
+    agent = LocalAgent.from_hf_model(agent_config("qwen3", None), hf, train_cfg=train_config())
     batch = sample_batch()
     ref, _ = agent.sequence_logprobs(batch)
     torch.testing.assert_close(ref, hf_seq_logprobs(hf, batch).detach(), rtol=1e-5, atol=1e-5)

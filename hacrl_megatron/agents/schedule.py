@@ -1,4 +1,4 @@
-"""Micro-batching and the forward/loss step of a Megatron agent (shared by logprob and train).
+"""Micro-batches and megatron-core's forward(-backward) schedule of a Megatron agent (log-probs and train).
 
 Packing choice: **right-padded** ``[B, T_max]`` micro-batches with megatron-core's causal mask, not
 THD packing. The local layer spec — the only one that runs on CPU — rejects ``PackedSeqParams``
@@ -19,11 +19,13 @@ and ``vocab_parallel_cross_entropy``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, SequenceBatch
+from hacrl_megatron.algo.inputs import LossInputs
+from hacrl_megatron.kernels import sequence_logprobs
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,7 @@ class MicroBatch:
     targets: [N] int64, the response token ids.
     cu_seqlens: [B + 1] int64 offsets of each sequence's response tokens in the N axis.
     seq_len: [B] int64 response lengths.
-    extras: per-sequence tensors of these B sequences (the loss function's slice).
+    loss_inputs: the loss inputs of these B sequences (the loss function's slice), or None.
     """
 
     tokens: torch.Tensor
@@ -45,7 +47,7 @@ class MicroBatch:
     targets: torch.Tensor
     cu_seqlens: torch.Tensor
     seq_len: torch.Tensor
-    extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    loss_inputs: LossInputs | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -76,7 +78,7 @@ def make_micro_batch(batch: SequenceBatch, device: torch.device | str = "cpu") -
         targets=to(torch.cat(targets)),
         cu_seqlens=to(cu),
         seq_len=to(seq_len),
-        extras={k: to(v) for k, v in batch.extras.items()},
+        loss_inputs=None if batch.loss_inputs is None else batch.loss_inputs.to(device),
     )
 
 
@@ -139,8 +141,6 @@ def response_logprobs(output: torch.Tensor, mb: MicroBatch, temperature: float, 
     """
     rows = output[mb.rows, mb.cols]
     if head.impl != "megatron":
-        from hacrl_megatron.kernels import sequence_logprobs
-
         out = sequence_logprobs(rows, head.weight(), mb.targets, mb.cu_seqlens, temperature=temperature,
                                 tp_group=head.tp_group, impl=head.impl, vocab_size=head.vocab_size)
         return LogProbOutput(token_logps=out.token_logps, cu_seqlens=mb.cu_seqlens,

@@ -1,0 +1,153 @@
+"""Where a :class:`~hacrl_megatron.agents.ray_agent.RayAgent`'s ranks run: Ray, placement groups, rank order.
+
+One agent is one Megatron world (docs/architecture.md): the agent's ``tp*pp*dp`` ranks are Ray
+actors in one placement group, one bundle per rank (1 CPU, plus 1 GPU on GPU clusters);
+STRICT_PACK when the group fits one node so that TP stays on NVLink, else PACK. Ranks of one node are numbered
+contiguously so that TP groups stay intra-node, and every rank gets the ``torch.distributed``
+environment of its world (:func:`rank_envs`).
+
+Ray is imported lazily (:func:`require_ray`): the package works without it until an agent asks
+for Ray workers.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+from hacrl_megatron.config import AgentConfig
+
+INSTALL_HINT = "pip install ray  (or the package's launch extra: pip install 'hacrl_megatron[launch]')"
+
+
+class RayAgentError(RuntimeError):
+    """The agent's Ray world cannot be placed, or one of its ranks failed (message names agent and rank)."""
+
+
+def require_ray() -> Any:
+    """The ``ray`` module, or an ImportError that says what to install."""
+    try:
+        import ray
+    except ImportError as err:
+        raise ImportError(f"RayAgent needs Ray, which is not installed: {INSTALL_HINT}") from err
+    return ray
+
+
+def ensure_ray(address: str | None = None, **init_kwargs: Any) -> Any:
+    """``ray.init`` once per process: joins ``address`` / ``$RAY_ADDRESS`` / a local ``ray start``
+    cluster when one exists, else starts a private one. Returns the ``ray`` module."""
+    ray = require_ray()
+    if not ray.is_initialized():
+        init_kwargs.setdefault("include_dashboard", False)
+        init_kwargs.setdefault("log_to_driver", True)
+        ray.init(address=address, **init_kwargs)
+    return ray
+
+
+def world_size(agent_cfg: AgentConfig) -> int:
+    p = agent_cfg.parallel
+    return p.tp * p.pp * p.dp
+
+
+def describe(agent_cfg: AgentConfig) -> str:
+    """``agent 'a' (tp=2, pp=1, dp=1: 2 ranks)``, for error messages."""
+    p = agent_cfg.parallel
+    return f"agent {agent_cfg.name!r} (tp={p.tp}, pp={p.pp}, dp={p.dp}: {world_size(agent_cfg)} ranks)"
+
+
+def rank_bundle(use_gpu: bool, cpus_per_rank: int) -> dict[str, float]:
+    """The resources of one rank's bundle."""
+    return {"CPU": float(cpus_per_rank), **({"GPU": 1.0} if use_gpu else {})}
+
+
+def check_cluster(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float]) -> str:
+    """Raise when the whole cluster is too small; return the placement strategy to use."""
+    world = world_size(agent_cfg)
+    total = ray.cluster_resources()
+    have = {k: float(total.get(k, 0.0)) for k in bundle}
+    need = {k: v * world for k, v in bundle.items()}
+    short = {k: (need[k], have[k]) for k in bundle if have[k] < need[k]}
+    if short:
+        parts = ", ".join(f"{k}: needs {n:g}, cluster has {h:g}" for k, (n, h) in short.items())
+        raise RayAgentError(f"{describe(agent_cfg)} needs one bundle {bundle} per rank; {parts}. "
+                            "Add nodes/resources to the Ray cluster or shrink the layout")
+    fits_one = any(all(float(n.get("Resources", {}).get(k, 0.0)) >= need[k] for k in bundle)
+                   for n in ray.nodes() if n.get("Alive", False))
+    return "STRICT_PACK" if fits_one else "PACK"
+
+
+def reserve(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_s: float) -> Any:
+    """A ready placement group of one ``bundle`` per rank; raises :class:`RayAgentError` (after
+    releasing it) when the cluster does not free the bundles within ``timeout_s``."""
+    from ray.util.placement_group import placement_group
+
+    strategy = check_cluster(ray, agent_cfg, bundle)
+    world = world_size(agent_cfg)
+    pg = placement_group([dict(bundle)] * world, strategy=strategy,
+                         name=f"hacrl-{agent_cfg.name}-{uuid.uuid4().hex[:8]}")
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        release(pg)
+        raise RayAgentError(
+            f"{describe(agent_cfg)}: placement group of {world} bundles {bundle} ({strategy}) not ready "
+            f"after {timeout_s:g} s; free now: {ray.available_resources()} (other agents may hold the rest)")
+    return pg
+
+
+def release(pg: Any) -> None:
+    """Give a placement group's bundles back to the cluster."""
+    from ray.util.placement_group import remove_placement_group
+
+    remove_placement_group(pg)
+
+
+def spawn_actors(actor_cls: Any, pg: Any, bundle: dict[str, float], world: int, env_vars: dict[str, str],
+                 *init_args: Any) -> list[Any]:
+    """One ``actor_cls`` actor per bundle of ``pg`` (``world`` bundles), in bundle order.
+
+    Actors import hacrl_megatron from where this process does (an uninstalled checkout works
+    too); ``env_vars`` are added to every actor's environment (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME).
+    """
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    root = str(Path(__file__).resolve().parents[2])
+    path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+    runtime_env = {"env_vars": {"PYTHONPATH": path, **env_vars}}
+    return [
+        actor_cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
+                          scheduling_strategy=PlacementGroupSchedulingStrategy(
+                              placement_group=pg, placement_group_bundle_index=b)).remote(*init_args)
+        for b in range(world)
+    ]
+
+
+def rank_order(infos: list[dict[str, Any]]) -> list[int]:
+    """Bundle indices in rank order: ranks of one node are contiguous (TP groups stay intra-node),
+    nodes in the order of their first bundle, bundles in index order within a node."""
+    nodes: dict[str, list[int]] = {}
+    for b, info in enumerate(infos):
+        nodes.setdefault(info["ip"], []).append(b)
+    return [b for bundles in nodes.values() for b in bundles]
+
+
+def rank_envs(infos: list[dict[str, Any]], master_addr: str, master_port: int) -> list[dict[str, str]]:
+    """torch.distributed environment of each rank (``infos`` already in rank order).
+
+    On GPU every rank sees all GPUs that Ray gave this agent on its node and picks its own with
+    LOCAL_RANK (NCCL finds NVLink peers only among visible devices).
+    """
+    by_node: dict[str, list[int]] = {}
+    for r, info in enumerate(infos):
+        by_node.setdefault(info["ip"], []).append(r)
+    envs = []
+    for r, info in enumerate(infos):
+        peers = by_node[info["ip"]]
+        env = {"MASTER_ADDR": master_addr, "MASTER_PORT": str(master_port), "RANK": str(r),
+               "WORLD_SIZE": str(len(infos)), "LOCAL_RANK": str(peers.index(r)),
+               "LOCAL_WORLD_SIZE": str(len(peers))}
+        if info["gpu_ids"]:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(g for p in peers for g in infos[p]["gpu_ids"])
+        envs.append(env)
+    return envs

@@ -1,0 +1,172 @@
+"""One rank of a :class:`~hacrl_megatron.agents.ray_agent.RayAgent`: the code that runs inside a Ray actor.
+
+Each :class:`RankWorker` joins the agent's ``torch.distributed`` world and builds a
+:class:`~hacrl_megatron.agents.local.LocalAgent` in it. Its methods mirror the
+:class:`~hacrl_megatron.agents.handle.AgentHandle` calls one by one (the controller submits them by
+reference, e.g. ``RankWorker.train``, never by a method-name string), plus the start-up steps
+(where am I placed, a free rendezvous port, join the world) and the bucketed weight export.
+
+This module imports neither Ray nor megatron at import time: ``ray.remote`` wraps the class on the
+controller (:func:`remote_worker_class`) and the LocalAgent is built inside the actor.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.config import AgentConfig, TrainConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedStateDict:
+    """An HF state dict as numpy arrays, which Ray's object store hands to every actor on a node
+    zero-copy (one shared-memory copy per node; torch tensors would be deserialized per rank).
+
+    arrays: name -> contiguous array (bfloat16 travels as its int16 bit pattern).
+    dtypes: name -> the torch dtype name to view the array as.
+    """
+
+    arrays: dict[str, Any]
+    dtypes: dict[str, str]
+
+    @classmethod
+    def from_tensors(cls, state: dict[str, torch.Tensor]) -> SharedStateDict:
+        arrays, dtypes = {}, {}
+        for name, t in state.items():
+            t = t.detach().cpu().contiguous()
+            dtypes[name] = str(t.dtype).removeprefix("torch.")
+            if t.dtype == torch.bfloat16:  # numpy has no bfloat16: ship the bits
+                t = t.view(torch.int16)
+            arrays[name] = t.numpy()
+        return cls(arrays, dtypes)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """Read-only tensor views of the arrays (the loader only slices and copies them)."""
+        out = {}
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*not writable.*")
+            for name, arr in self.arrays.items():
+                out[name] = torch.from_numpy(arr).view(getattr(torch, self.dtypes[name]))
+        return out
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerSetup:
+    """What one rank needs to build its LocalAgent besides the weights (the same for every rank but ``env``).
+
+    env: torch.distributed environment of the rank (RANK, WORLD_SIZE, MASTER_*, LOCAL_RANK, ...).
+    threads: torch intra-op threads (0: leave torch's default, e.g. on GPU).
+    """
+
+    env: dict[str, str]
+    threads: int
+    agent_cfg: AgentConfig
+    train_cfg: TrainConfig
+    hf_config: Any
+    vocab_size: int | None
+    total_updates: int | None
+
+
+class RankWorker:
+    """One rank of an agent's world. Decorated with ``ray.remote`` by :func:`remote_worker_class`."""
+
+    def __init__(self, agent_name: str) -> None:
+        self.agent_name = agent_name
+        self._local: Any = None  # the LocalAgent, once setup() ran
+        self._export: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    # ---- start-up --------------------------------------------------------------------------
+    def node_info(self) -> dict[str, Any]:
+        """Where Ray placed this actor: node IP, the GPU ids Ray gave it, pid."""
+        import ray
+
+        return {"ip": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
+                "pid": os.getpid(), "host": socket.gethostname()}
+
+    def free_port(self) -> int:
+        """A TCP port free on all interfaces of this node (the world's rendezvous port)."""
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def setup(self, cfg: WorkerSetup, hf_checkpoint: Any) -> dict[str, Any]:
+        """Join the world described by ``cfg.env`` and build the LocalAgent; returns its layout info,
+        ArchSpec, HF config and parameter count.
+
+        ``hf_checkpoint``: HF directory, HF-named state dict, :class:`SharedStateDict` or None; a
+        separate argument because Ray resolves object refs only at the top level of a call.
+        """
+        os.environ.update(cfg.env)  # before torch touches CUDA: CUDA_VISIBLE_DEVICES / LOCAL_RANK apply
+        if cfg.threads > 0:
+            torch.set_num_threads(cfg.threads)
+        from hacrl_megatron.agents.local import LocalAgent  # megatron: imported in the actor only
+
+        if isinstance(hf_checkpoint, SharedStateDict):
+            hf_checkpoint = hf_checkpoint.to_tensors()
+        self._local = LocalAgent(cfg.agent_cfg, cfg.train_cfg, vocab_size=cfg.vocab_size,
+                                 hf_checkpoint=hf_checkpoint, hf_config=cfg.hf_config,
+                                 total_updates=cfg.total_updates)
+        return {"info": dataclasses.asdict(self._local.info), "spec": self._local.spec,
+                "hf_config": self._local.hf_config, "num_parameters": self._local.num_parameters()}
+
+    # ---- the AgentHandle calls, run on every rank (SPMD) -----------------------------------
+    def sequence_logprobs(self, batch: SequenceBatch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._local.sequence_logprobs(batch, temperature)
+
+    def token_logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
+        return self._local.token_logprobs(batch, temperature)
+
+    def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float) -> list[dict[str, float]]:
+        return self._local.train(mini_batches, loss_fn, temperature)
+
+    def save(self, path: str) -> None:
+        self._local.save(path)
+
+    def load(self, path: str) -> None:
+        self._local.load(path)
+
+    def stats(self) -> dict[str, float]:
+        return self._local.stats()
+
+    # ---- bucketed weight export ------------------------------------------------------------
+    def export_begin(self) -> None:
+        """Start a fresh export stream (an abandoned one is dropped)."""
+        self._export = iter(self._local.export_hf_weights())
+
+    def export_bucket(self, max_bytes: int, keep: bool) -> tuple[list[str], list[tuple[str, torch.Tensor]]]:
+        """Next tensors of the export stream up to ``max_bytes`` (at least one; none once the stream
+        is done): (names, tensors if ``keep``).
+
+        Every rank must advance the stream together (each tensor is a TP gather / PP broadcast);
+        tensors are identical on all ranks, so byte counts and bucket boundaries agree.
+        """
+        names: list[str] = []
+        kept: list[tuple[str, torch.Tensor]] = []
+        size = 0
+        for name, tensor in self._export:
+            names.append(name)
+            if keep:
+                kept.append((name, tensor.detach().cpu()))
+            size += tensor.numel() * tensor.element_size()
+            if size >= max_bytes:
+                break
+        return names, kept
+
+
+_REMOTE_CLASS: Any = None
+
+
+def remote_worker_class(ray: Any) -> Any:
+    """``ray.remote(RankWorker)``, created once per process."""
+    global _REMOTE_CLASS
+    if _REMOTE_CLASS is None:
+        _REMOTE_CLASS = ray.remote(RankWorker)
+    return _REMOTE_CLASS
