@@ -9,8 +9,9 @@ forms dL/dx = w_t·(onehot − softmax)/T for the upstream per-token weights w_t
 accumulates dH (fp32) across slices while writing each slice of dW exactly once (chunking over the
 vocabulary rather than tokens: dW is the larger operand, see docs/measured.md §10).
 
-Two backends with the same primitives: ``reference`` (chunked torch, any device) and ``triton``
-(fused Triton kernels; CUDA, or CPU tensors under ``TRITON_INTERPRET=1``).
+Two backends with the same primitives (:class:`~hacrl_megatron.kernels.backend.LogProbBackend`):
+``reference`` (chunked torch, any device) and ``triton`` (fused Triton kernels; CUDA, or CPU
+tensors under ``TRITON_INTERPRET=1``).
 """
 
 from __future__ import annotations
@@ -19,12 +20,13 @@ import importlib.util
 import math
 import os
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 import torch.distributed as dist
 
 from hacrl_megatron.kernels import reference
+from hacrl_megatron.kernels.backend import LogProbBackend
+from hacrl_megatron.kernels.gemm import acc_dtype_for, addmm_acc_, half_gemm_on_cuda, matmul_acc
 from hacrl_megatron.kernels.vocab_parallel import (
     VocabShard,
     all_reduce_grad_hidden,
@@ -55,8 +57,8 @@ def _triton_interpret() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
-def resolve_backend(impl: str, device: torch.device) -> ModuleType:
-    """The backend module for ``impl`` ("auto" = triton on CUDA when it imports, else reference).
+def resolve_backend(impl: str, device: torch.device) -> LogProbBackend:
+    """The backend for ``impl`` ("auto" = triton on CUDA when it imports, else reference).
 
     Raises a RuntimeError when ``impl="triton"`` cannot run here (no triton, or CPU tensors
     without ``TRITON_INTERPRET=1``).
@@ -67,7 +69,7 @@ def resolve_backend(impl: str, device: torch.device) -> ModuleType:
     if impl == "auto":
         impl = "triton" if device.type == "cuda" and has_triton else "reference"
     if impl == "reference":
-        return reference
+        return reference.BACKEND
     if not has_triton:
         raise RuntimeError("impl='triton' needs the triton package: pip install triton")
     if device.type != "cuda" and not _triton_interpret():
@@ -77,7 +79,7 @@ def resolve_backend(impl: str, device: torch.device) -> ModuleType:
         )
     from hacrl_megatron.kernels import triton_impl  # lazy: triton is an optional dependency
 
-    return triton_impl
+    return triton_impl.BACKEND
 
 
 def validate_inputs(
@@ -128,7 +130,7 @@ def validate_inputs(
     return seq_len.to(hidden.device)
 
 
-def forward_lse_logp(backend: ModuleType, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def forward_lse_logp(backend: LogProbBackend, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                      temperature: float, chunk_size: int, group: dist.ProcessGroup | None,
                      shard: VocabShard) -> tuple[torch.Tensor, torch.Tensor]:
     """(lse [N], token log-probs [N]) over the global vocabulary, both in the accumulation dtype."""
@@ -137,14 +139,14 @@ def forward_lse_logp(backend: ModuleType, hidden: torch.Tensor, weight: torch.Te
         shard_max, shard_sum, shard_tgt = backend.shard_stats(
             hidden, weight[:shard.valid], local_targets, temperature, chunk_size)
     else:  # a rank holding only padding: the identities of max, sum and target logit
-        shard_max = torch.full(targets.shape, float("-inf"), dtype=reference.acc_dtype_for(hidden.dtype),
+        shard_max = torch.full(targets.shape, float("-inf"), dtype=acc_dtype_for(hidden.dtype),
                                device=hidden.device)
         shard_sum, shard_tgt = torch.zeros_like(shard_max), torch.zeros_like(shard_max)
     lse, target_logit = combine_shard_stats(shard_max, shard_sum, shard_tgt, group)
     return lse, target_logit - lse
 
 
-def backward_hidden_weight(backend: ModuleType, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+def backward_hidden_weight(backend: LogProbBackend, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                            lse: torch.Tensor, grad_logp: torch.Tensor, temperature: float, chunk_size: int,
                            group: dist.ProcessGroup | None, shard: VocabShard,
                            need_hidden: bool = True,
@@ -152,18 +154,18 @@ def backward_hidden_weight(backend: ModuleType, hidden: torch.Tensor, weight: to
     """(dH [N, H], dW [V_local, H]) in the input dtype for upstream per-token gradients ``grad_logp``.
 
     Loops over vocabulary slices of V_c ≈ chunk_size·V_local/N columns (a multiple of the backend's
-    ``VOCAB_ALIGN``): dH accumulates in fp32 across slices and is all-reduced over ``group`` at
+    ``vocab_align``): dH accumulates in fp32 across slices and is all-reduced over ``group`` at
     the end (the only backward collective); each dW slice is one GEMM over all N tokens.
     """
     n, _ = hidden.shape
     vocab = shard.valid  # padding rows get a zero gradient
     acc = lse.dtype
-    align = getattr(backend, "VOCAB_ALIGN", 1)
+    align = backend.vocab_align
     width = max(1, min(vocab, max(align, -(-chunk_size * vocab // n) // align * align)))
     grad_scale = grad_logp.to(acc) / temperature
     local_targets = targets.to(torch.int64) - shard.start
     # GEMM operands: half inputs stay half on CUDA (tensor cores, fp32 output); else upcast once
-    gemm_dtype = hidden.dtype if reference._half_gemm_on_cuda(hidden) else acc
+    gemm_dtype = hidden.dtype if half_gemm_on_cuda(hidden) else acc
     hidden_g = hidden.to(gemm_dtype)
     grad_hidden = torch.zeros(hidden.shape, dtype=acc, device=hidden.device) if need_hidden else None
     grad_weight = None
@@ -178,11 +180,11 @@ def backward_hidden_weight(backend: ModuleType, hidden: torch.Tensor, weight: to
                                             out=dlogits)
         gemm_in = dlogits.to(gemm_dtype)  # a copy only for the reference's fp32 slice on CUDA half
         if grad_hidden is not None:
-            reference.addmm_acc_(grad_hidden, gemm_in, w_chunk.to(gemm_dtype))
+            addmm_acc_(grad_hidden, gemm_in, w_chunk.to(gemm_dtype))
         if grad_weight is not None and gemm_dtype == weight.dtype:  # one rounding, straight into dW
             torch.mm(gemm_in.t(), hidden_g, out=grad_weight[start:stop])
         elif grad_weight is not None:
-            grad_weight[start:stop] = reference.matmul_acc(gemm_in.t(), hidden_g, acc)
+            grad_weight[start:stop] = matmul_acc(gemm_in.t(), hidden_g, acc)
     if grad_hidden is None:
         return None, grad_weight
     return all_reduce_grad_hidden(grad_hidden, group).to(hidden.dtype), grad_weight
@@ -192,7 +194,7 @@ def backward_hidden_weight(backend: ModuleType, hidden: torch.Tensor, weight: to
 class KernelOptions:
     """Everything but the tensors: fixed for one call (held by the autograd Functions)."""
 
-    backend: ModuleType
+    backend: LogProbBackend
     temperature: float
     chunk_size: int
     group: dist.ProcessGroup | None
@@ -209,10 +211,9 @@ def prepare(hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, c
     shard = vocab_shard(weight.shape[0], tp_group, vocab_size)
     real_vocab = shard.global_size if vocab_size is None else vocab_size
     seq_len = validate_inputs(hidden, weight, targets, cu_seqlens, temperature, chunk_size, shard, real_vocab)
-    if backend is not reference and impl == "auto" and hidden.dtype not in backend.SUPPORTED_DTYPES:
-        backend = reference  # auto: float64 goes to the reference instead of failing
-    if hasattr(backend, "check_supported"):  # an explicit impl="triton" rejects float64 with advice
-        backend.check_supported(hidden, weight)
+    if impl == "auto" and not backend.supports(hidden.dtype):
+        backend = reference.BACKEND  # auto: float64 goes to the reference instead of failing
+    backend.check_supported(hidden, weight)  # an explicit impl="triton" rejects float64 with advice
     if chunk_size is None:
         chunk_size = backend.default_chunk_size(weight.shape[0])
     return KernelOptions(backend, float(temperature), chunk_size, tp_group, shard), seq_len

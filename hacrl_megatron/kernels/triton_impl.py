@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hacrl_megatron.kernels.reference import acc_dtype_for, workspace
+from hacrl_megatron.kernels.gemm import acc_dtype_for, workspace
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -214,3 +214,21 @@ def grad_logits_chunk(hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_ta
         EVEN_K=k % cfg["BLOCK_K"] == 0, **_dot_options(hidden),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     return dlogits
+
+
+class TritonBackend:
+    """The fused-Triton :class:`~hacrl_megatron.kernels.backend.LogProbBackend` (half and fp32 inputs)."""
+
+    name = "triton"
+    vocab_align = VOCAB_ALIGN
+
+    def supports(self, dtype: torch.dtype) -> bool:
+        return dtype in SUPPORTED_DTYPES
+
+    check_supported = staticmethod(check_supported)
+    default_chunk_size = staticmethod(default_chunk_size)
+    shard_stats = staticmethod(shard_stats)
+    grad_logits_chunk = staticmethod(grad_logits_chunk)
+
+
+BACKEND = TritonBackend()
