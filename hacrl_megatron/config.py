@@ -13,6 +13,8 @@ A preset is a built-in name (``hacrl_megatron/presets/<name>.yaml``) or a path t
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
@@ -31,6 +33,7 @@ BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
 RECOMPUTE = ("none", "selective", "full")
+SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
 
 
 class ConfigError(ValueError):
@@ -109,6 +112,8 @@ class RolloutConfig:
     weight_sync: str = "disk"  # disk (safetensors folder the server reloads) | tensor (colocated CUDA IPC)
     sglang_command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
     # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
+    sglang_python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g.
+    # the image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
 
 
 @dataclass
@@ -404,6 +409,25 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
           "must be an identifier (letters, digits, _), it names metric keys and folders")
 
 
+def sglang_python(r: RolloutConfig) -> str:
+    """The interpreter for ``python -m sglang.launch_server``: ``rollout.sglang_python``, else
+    ``$HACRL_SGLANG_PYTHON``, else the running Python."""
+    return r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+
+
+def validate_sglang_python(r: RolloutConfig) -> None:
+    """The SGLang interpreter must be an executable file (checked before any server starts)."""
+    if r.sglang_command:  # a custom launcher replaces the whole command line, interpreter included
+        _rule(not r.sglang_python, "rollout.sglang_python", r.sglang_python,
+              "is unused when rollout.sglang_command is set: put the interpreter into that command")
+        return
+    path = sglang_python(r)
+    name = "rollout.sglang_python" if r.sglang_python else f"rollout.sglang_python (from ${SGLANG_PYTHON_ENV})"
+    if r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV):
+        _rule(os.path.isfile(path), name, path, "must be an existing file (the Python of SGLang's environment)")
+        _rule(os.access(path, os.X_OK), name, path, "must be executable")
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Check every cross-field rule; raise ConfigError naming field, value and rule."""
     _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
@@ -434,6 +458,8 @@ def validate(cfg: ExperimentConfig) -> None:
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
     _one_of("rollout.weight_sync", r.weight_sync, ("disk", "tensor"))
     _rule(r.sglang_tp >= 1, "rollout.sglang_tp", r.sglang_tp, "must be >= 1")
+    if r.engine == "sglang":
+        validate_sglang_python(r)
     _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
     for i, agent in enumerate(cfg.agents):
         ids = agent.rollout_gpu_ids

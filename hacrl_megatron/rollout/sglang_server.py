@@ -20,6 +20,8 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
+SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # same variable as hacrl_megatron.config.SGLANG_PYTHON_ENV
+
 
 class SGLangServerError(RuntimeError):
     """The server process failed to start or died; the message carries the tail of its log."""
@@ -47,12 +49,15 @@ class SGLangServer:
         log_path: server stdout/stderr file (default: a file in the current directory).
         command: the full command line instead of ``python -m sglang.launch_server ...``
             (tests; custom launchers). ``{port}`` and ``{host}`` in it are substituted.
+        python: interpreter for ``-m sglang.launch_server`` (SGLang in its own virtual
+            environment, config ``rollout.sglang_python``); None: ``$HACRL_SGLANG_PYTHON`` (the
+            container image sets it to its SGLang venv) if set, else this process's ``sys.executable``.
     """
 
     def __init__(self, model_path: str | os.PathLike | None, *, host: str = "127.0.0.1", port: int | None = None,
                  tp_size: int = 1, gpu_ids: Sequence[int] | None = None, mem_fraction_static: float | None = None,
                  extra_args: Sequence[str] = (), log_path: str | os.PathLike | None = None,
-                 command: Sequence[str] | None = None) -> None:
+                 command: Sequence[str] | None = None, python: str | os.PathLike | None = None) -> None:
         if command is None and model_path is None:
             raise ValueError("SGLangServer: model_path is required unless a command is given")
         if tp_size < 1:
@@ -68,6 +73,7 @@ class SGLangServer:
         self.extra_args = list(extra_args)
         self.log_path = Path(log_path) if log_path is not None else Path(f"sglang_{self.port}.log")
         self._command = None if command is None else list(command)
+        self.python = str(python) if python else os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
         self.process: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -78,7 +84,7 @@ class SGLangServer:
     def command_line(self) -> list[str]:
         if self._command is not None:
             return [a.replace("{port}", str(self.port)).replace("{host}", self.host) for a in self._command]
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(self.model_path),
+        cmd = [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model_path),
                "--host", self.host, "--port", str(self.port), "--tp-size", str(self.tp_size)]
         if self.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
