@@ -9,7 +9,6 @@ from hacrl_megatron.exchange.retokenize import (
     EOS_MODES,
     Exchange,
     ExchangeStats,
-    build_view,
     decode_response,
     encode_text,
 )
@@ -23,7 +22,6 @@ __all__ = [
     "ExchangeStats",
     "LearnerView",
     "Trajectory",
-    "build_view",
     "decode_response",
     "encode_text",
     "load_tokenizer",

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hacrl_megatron.exchange.records import LearnerView, Trajectory
+from hacrl_megatron.exchange.tokenizers import tokenizer_fingerprint
 
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
 
@@ -126,116 +127,6 @@ class ExchangeStats:
         self._pairs.clear()
 
 
-def _response_ids(
-    traj: Trajectory,
-    learner_tokenizer: Any,
-    *,
-    keep_ids: bool,
-    source_tokenizer: Any | None,
-) -> tuple[list[int], str | None]:
-    """Learner response ids without eos, and the text they were encoded from (None if ids kept)."""
-    if keep_ids:
-        return list(traj.token_ids), None
-    text = decode_response(source_tokenizer, traj.token_ids) if source_tokenizer is not None else traj.response_text
-    return encode_text(learner_tokenizer, text), text
-
-
-def _eos_ids(traj: Trajectory, learner_tokenizer: Any, *, is_self: bool, keep_ids: bool, eos_mode: str,
-             source_tokenizer: Any | None) -> tuple[list[int], bool]:
-    """Ids that end the learner's view (docs/algorithm.md §6 end rule), and whether they are the learner's eos."""
-    if traj.finish_reason != "eos":
-        return [], False  # truncated at the token budget: nothing to learn about stopping
-    eos = learner_tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("build_view: learner tokenizer has no eos_token_id")
-    if is_self or eos_mode == "learner_eos" or (keep_ids and eos_mode == "source_eos_text"):
-        return [int(eos)], True  # with one shared tokenizer the source eos text *is* the learner eos
-    if eos_mode == "no_eos":
-        return [], False
-    if source_tokenizer is None or source_tokenizer.eos_token is None:
-        raise ValueError("build_view: eos_mode='source_eos_text' needs source_tokenizer with an eos_token")
-    # split_special_tokens: the source's eos string is plain text for the learner, never its specials.
-    return encode_text(learner_tokenizer, source_tokenizer.eos_token, split_special_tokens=True), False
-
-
-def build_view(
-    traj: Trajectory,
-    learner_tokenizer: Any,
-    learner_prompt_ids: Sequence[int],
-    *,
-    is_self: bool,
-    eos_mode: str = "learner_eos",
-    max_prompt_len: int,
-    max_response_len: int,
-    same_tokenizer: bool = False,
-    source_tokenizer: Any | None = None,
-    stats: ExchangeStats | None = None,
-    learner_name: str | None = None,
-) -> LearnerView:
-    """Learner k's view of ``traj`` (docs/algorithm.md §6).
-
-    Args:
-        traj: the trajectory (source ids without eos).
-        learner_tokenizer: learner k's tokenizer (needs ``eos_token_id``).
-        learner_prompt_ids: k's templated prompt ids for ``traj.prompt_text`` (with k's template
-            and special tokens, e.g. from ``format_prompt(question, tokenizer)``).
-        is_self: ``traj.source`` is the learner; ids are kept as sampled.
-        eos_mode: "learner_eos" | "source_eos_text" | "no_eos" (cross records only).
-        max_prompt_len / max_response_len: truncation lengths in learner tokens (≥ 1).
-        same_tokenizer: source and learner tokenizers are identical
-            (:func:`~hacrl_megatron.exchange.tokenizers.tokenizer_fingerprint`); cross ids are then
-            kept verbatim — a decode/encode round trip can re-segment a sampled tokenization.
-        source_tokenizer: decode ``traj.token_ids`` with it instead of using ``traj.response_text``;
-            needed for ``eos_mode="source_eos_text"``.
-        stats: if given, the view is recorded under (traj.source, learner_name).
-        learner_name: the learner's agent name for ``stats`` (default: traj.source when is_self).
-    """
-    if eos_mode not in EOS_MODES:
-        raise ValueError(f"build_view: eos_mode={eos_mode!r} must be one of {list(EOS_MODES)}")
-    for name, value in (("max_prompt_len", max_prompt_len), ("max_response_len", max_response_len)):
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"build_view: {name}={value!r} must be an integer >= 1")
-    keep_ids = is_self or same_tokenizer
-    response, text = _response_ids(traj, learner_tokenizer, keep_ids=keep_ids, source_tokenizer=source_tokenizer)
-    mismatch = stats is not None and text is not None and decode_response(learner_tokenizer, response) != text
-    learner = learner_name if learner_name is not None else (traj.source if is_self else None)
-    if stats is not None and learner is None:
-        raise ValueError("build_view: learner_name is required to record stats for a cross record")
-    return _assemble(traj, learner_tokenizer, learner_prompt_ids, response, mismatch, is_self=is_self,
-                     keep_ids=keep_ids, eos_mode=eos_mode, max_prompt_len=max_prompt_len,
-                     max_response_len=max_response_len, source_tokenizer=source_tokenizer, stats=stats,
-                     learner=learner)
-
-
-def _assemble(traj: Trajectory, learner_tokenizer: Any, learner_prompt_ids: Sequence[int], response: list[int],
-              mismatch: bool, *, is_self: bool, keep_ids: bool, eos_mode: str, max_prompt_len: int,
-              max_response_len: int, source_tokenizer: Any | None, stats: ExchangeStats | None,
-              learner: str | None) -> LearnerView:
-    """Prompt + response ids (+ end tokens), truncated, recorded in ``stats``: the view itself."""
-    tail, learner_eos = _eos_ids(traj, learner_tokenizer, is_self=is_self, keep_ids=keep_ids, eos_mode=eos_mode,
-                                 source_tokenizer=source_tokenizer)
-    full = response + tail
-    truncated_response = len(full) > max_response_len
-    full = full[:max_response_len]
-    prompt = [int(t) for t in learner_prompt_ids]
-    truncated_prompt = len(prompt) > max_prompt_len
-    if truncated_prompt:
-        prompt = prompt[-max_prompt_len:]  # left-truncate: the question's end sits next to the answer
-    if stats is not None and learner is not None:
-        stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=len(response),
-                     truncated_prompt=truncated_prompt, truncated_response=truncated_response,
-                     roundtrip_mismatch=mismatch)
-    return LearnerView(
-        input_ids=tuple(prompt) + tuple(full),  # ids from tokenizers and Trajectory are already ints
-        prompt_len=len(prompt),
-        response_len=len(full),
-        response_mask=(0,) * len(prompt) + (1,) * len(full),
-        truncated_prompt=truncated_prompt,
-        truncated_response=truncated_response,
-        eos_appended=learner_eos and not truncated_response,
-    )
-
-
 class Exchange:
     """All agents' tokenizers; builds every learner's views of a step's trajectories.
 
@@ -245,10 +136,11 @@ class Exchange:
 
     def __init__(self, tokenizers: Mapping[str, Any], *, eos_mode: str = "learner_eos",
                  max_prompt_len: int, max_response_len: int) -> None:
-        from hacrl_megatron.exchange.tokenizers import tokenizer_fingerprint
-
         if eos_mode not in EOS_MODES:
             raise ValueError(f"Exchange: eos_mode={eos_mode!r} must be one of {list(EOS_MODES)}")
+        for name, value in (("max_prompt_len", max_prompt_len), ("max_response_len", max_response_len)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Exchange: {name}={value!r} must be an integer >= 1")
         self.tokenizers = dict(tokenizers)
         self.eos_mode = eos_mode
         self.max_prompt_len = max_prompt_len
@@ -273,7 +165,7 @@ class Exchange:
 
     def views(self, learner: str, trajectories: Sequence[Trajectory],
               prompt_ids: Mapping[str, Sequence[int]], *, record_stats: bool = True) -> list[LearnerView]:
-        """Learner ``learner``'s view of each trajectory (same order), as :func:`build_view` gives it.
+        """Learner ``learner``'s view of each trajectory (same order; docs/algorithm.md §6).
 
         ``prompt_ids`` maps ``prompt_id`` → the learner's templated prompt ids. ``record_stats``:
         count these views in :attr:`stats` (pass False for a second pass over the same records,
@@ -281,30 +173,75 @@ class Exchange:
         decoded and re-encoded in one batched tokenizer call per source (the Rust tokenizers
         parallelise it), which matters at B·G·(n−1) responses of thousands of tokens per step.
         """
-        tok = self.tokenizers[self._check(learner)]
+        self._check(learner)
         for traj in trajectories:
             if traj.prompt_id not in prompt_ids:
                 raise KeyError(f"Exchange.views: no learner prompt ids for prompt_id={traj.prompt_id!r}")
         encoded = self._encode_cross(learner, trajectories)
-        out = []
-        for i, traj in enumerate(trajectories):
-            src = self.tokenizers[self._check(traj.source)]
-            keep = traj.source == learner or self.same_tokenizer(traj.source, learner)
-            response, mismatch = encoded[i] if i in encoded else (list(traj.token_ids), False)
-            out.append(_assemble(
-                traj, tok, prompt_ids[traj.prompt_id], response, mismatch, is_self=traj.source == learner,
-                keep_ids=keep, eos_mode=self.eos_mode, max_prompt_len=self.max_prompt_len,
-                max_response_len=self.max_response_len, source_tokenizer=src,
-                stats=self.stats if record_stats else None, learner=learner,
-            ))
-        return out
+        stats = self.stats if record_stats else None
+        return [self._view(traj, learner, prompt_ids[traj.prompt_id], encoded.get(i), stats)
+                for i, traj in enumerate(trajectories)]
+
+    def _keeps_ids(self, traj: Trajectory, learner: str) -> bool:
+        """Self records, and cross records between identical tokenizers, keep the sampled ids."""
+        return traj.source == learner or self.same_tokenizer(self._check(traj.source), learner)
+
+    def _view(self, traj: Trajectory, learner: str, prompt_ids: Sequence[int],
+              encoded: tuple[list[int], bool] | None, stats: ExchangeStats | None) -> LearnerView:
+        """Prompt + response ids (+ end tokens), truncated, recorded in ``stats``: one view.
+
+        ``encoded``: (learner content ids, round-trip mismatch) of a re-encoded cross record; None
+        keeps the source ids.
+        """
+        response, mismatch = encoded if encoded is not None else (list(traj.token_ids), False)
+        tail, learner_eos = self._end_ids(traj, learner)
+        full = response + tail
+        truncated_response = len(full) > self.max_response_len
+        full = full[:self.max_response_len]
+        prompt = [int(t) for t in prompt_ids]
+        truncated_prompt = len(prompt) > self.max_prompt_len
+        if truncated_prompt:
+            prompt = prompt[-self.max_prompt_len:]  # left-truncate: the question's end sits next to the answer
+        if stats is not None:
+            stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=len(response),
+                         truncated_prompt=truncated_prompt, truncated_response=truncated_response,
+                         roundtrip_mismatch=mismatch)
+        return LearnerView(
+            input_ids=tuple(prompt) + tuple(full),  # ids from tokenizers and Trajectory are already ints
+            prompt_len=len(prompt),
+            response_len=len(full),
+            response_mask=(0,) * len(prompt) + (1,) * len(full),
+            truncated_prompt=truncated_prompt,
+            truncated_response=truncated_response,
+            eos_appended=learner_eos and not truncated_response,
+        )
+
+    def _end_ids(self, traj: Trajectory, learner: str) -> tuple[list[int], bool]:
+        """Ids that end the learner's view (docs/algorithm.md §6 end rule), and whether they are the learner's eos."""
+        if traj.finish_reason != "eos":
+            return [], False  # truncated at the token budget: nothing to learn about stopping
+        learner_tok = self.tokenizers[learner]
+        eos = learner_tok.eos_token_id
+        if eos is None:
+            raise ValueError(f"Exchange: learner {learner!r}'s tokenizer has no eos_token_id")
+        keep_ids = self._keeps_ids(traj, learner)
+        if traj.source == learner or self.eos_mode == "learner_eos" or (keep_ids and self.eos_mode == "source_eos_text"):
+            return [int(eos)], True  # with one shared tokenizer the source eos text *is* the learner eos
+        if self.eos_mode == "no_eos":
+            return [], False
+        source_eos = self.tokenizers[traj.source].eos_token
+        if source_eos is None:
+            raise ValueError(f"Exchange: eos_mode='source_eos_text' needs an eos_token in source {traj.source!r}'s "
+                             "tokenizer")
+        # split_special_tokens: the source's eos string is plain text for the learner, never its specials.
+        return encode_text(learner_tok, source_eos, split_special_tokens=True), False
 
     def _encode_cross(self, learner: str, trajectories: Sequence[Trajectory]) -> dict[int, tuple[list[int], bool]]:
         """index → (learner content ids, round-trip mismatch) for every record that needs re-encoding."""
         tok = self.tokenizers[learner]
         by_source: dict[str, list[int]] = defaultdict(list)
         for i, traj in enumerate(trajectories):
-            if traj.source != learner and not self.same_tokenizer(traj.source, learner):
+            if not self._keeps_ids(traj, learner):
                 by_source[traj.source].append(i)
         out: dict[int, tuple[list[int], bool]] = {}
         for source, idx in by_source.items():

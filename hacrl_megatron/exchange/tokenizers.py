@@ -164,7 +164,7 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     """A hash that is equal for tokenizers that map every text to the same ids.
 
     Used once per agent pair to decide whether cross records may keep the source ids verbatim
-    (:func:`hacrl_megatron.exchange.retokenize.build_view` with ``same_tokenizer=True``).
+    (:meth:`hacrl_megatron.exchange.retokenize.Exchange.same_tokenizer`).
     """
     import hashlib
 

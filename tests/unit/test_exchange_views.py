@@ -7,6 +7,7 @@ so every cross view below is a real re-encoding.
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import math
 
@@ -14,10 +15,8 @@ import pytest
 
 from hacrl_megatron.exchange import (
     Exchange,
-    ExchangeStats,
     LearnerView,
     Trajectory,
-    build_view,
     decode_response,
     encode_text,
     load_tokenizer,
@@ -39,29 +38,55 @@ def toks(tmp_path_factory):
     return out
 
 
-def traj(tok, text=RESPONSE, finish="eos", source="a", **kw):
+@pytest.fixture(scope="module")
+def byte_tok():
+    """A byte-level tokenizer that represents every character (e.g. "é"), unlike the built-ins."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<eos>": 0, **{c: i + 1 for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(["<eos>"])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+def traj(tok, text=RESPONSE, finish="eos", source="a", prompt_id="p0", **kw):
     ids = tuple(encode_text(tok, text))
     comp = Completion(token_ids=ids, text=decode_response(tok, ids), finish_reason=finish)
-    return Trajectory.from_completion(comp, prompt_id="p0", source=source, prompt_text="37+48?", reward=1.0, **kw)
+    return Trajectory.from_completion(comp, prompt_id=prompt_id, source=source, prompt_text="37+48?", reward=1.0, **kw)
 
 
 def prompt(tok):
     return encode_text(tok, "Q: 37+48=? A:")
 
 
+def view(traj, learner_tok, prompt_ids, *, source_tok=None, learner="b", **exchange_kw):
+    """Learner ``learner``'s view of one trajectory through :meth:`Exchange.views` (the production
+    path): a self view when ``learner == traj.source``, else a cross view from ``source_tok``."""
+    ex = exchange_of(traj, learner_tok, source_tok=source_tok, learner=learner, **exchange_kw)
+    return ex.views(learner, [traj], {traj.prompt_id: prompt_ids})[0]
+
+
+def exchange_of(traj, learner_tok, *, source_tok=None, learner="b", **exchange_kw):
+    tokenizers = {learner: learner_tok} if learner == traj.source else {traj.source: source_tok, learner: learner_tok}
+    return Exchange(tokenizers, **{**LIMITS, **exchange_kw})
+
+
 def test_self_view_keeps_ids_and_appends_eos(toks):
     tok = toks["pair"]
     t = traj(tok)
-    v = build_view(t, tok, prompt(tok), is_self=True, **LIMITS)
+    v = view(t, tok, prompt(tok), learner="a")
     assert v.response_ids == t.token_ids + (tok.eos_token_id,)
     assert v.prompt_ids == tuple(prompt(tok))
     assert v.response_mask == (0,) * v.prompt_len + (1,) * v.response_len
     assert v.eos_appended and not v.truncated_prompt and not v.truncated_response
     assert t.source_len == v.response_len  # L_j covers the source's trained view
     # eos_mode applies to cross records only: the agent always learns to stop on its own samples
-    assert build_view(t, tok, prompt(tok), is_self=True, eos_mode="no_eos", **LIMITS) == v
+    assert view(t, tok, prompt(tok), learner="a", eos_mode="no_eos") == v
     t_len = traj(tok, finish="length")
-    v_len = build_view(t_len, tok, prompt(tok), is_self=True, **LIMITS)
+    v_len = view(t_len, tok, prompt(tok), learner="a")
     assert v_len.response_ids == t_len.token_ids and not v_len.eos_appended
 
 
@@ -71,15 +96,16 @@ def test_identical_tokenizers_give_source_ids_exactly(toks, name):
         pytest.skip("smollm2 tokenizer not installed")
     tok = toks[name]
     t = traj(tok)
-    for same in (True, False):  # re-encoding the decoded text reproduces canonical ids too
-        v = build_view(t, tok, prompt(tok), is_self=False, same_tokenizer=same, source_tokenizer=tok, **LIMITS)
-        assert v.response_ids == t.token_ids + (tok.eos_token_id,)
+    v = view(t, tok, prompt(tok), source_tok=tok)  # two agents with one tokenizer: ids kept verbatim
+    assert v.response_ids == t.token_ids + (tok.eos_token_id,)
+    # re-encoding the decoded text would reproduce these canonical ids too
+    assert tuple(encode_text(tok, decode_response(tok, t.token_ids))) == t.token_ids
 
 
 def test_cross_char_to_pair_re_encodes(toks):
     char, pair = toks["char"], toks["pair"]
     t = traj(char, text=" 1234+5678")
-    v = build_view(t, pair, prompt(pair), is_self=False, source_tokenizer=char, **LIMITS)
+    v = view(t, pair, prompt(pair), source_tok=char)
     # char: " 1234+5678" = 10 tokens; pair merges digit pairs: Ġ 12 34 + 56 78 + eos
     assert len(t.token_ids) == 10
     assert pair.convert_ids_to_tokens(list(v.response_ids)) == ["Ġ", "12", "34", "+", "56", "78", "<eos>"]
@@ -91,7 +117,7 @@ def test_cross_char_to_pair_re_encodes(toks):
 def test_cross_views_between_real_and_local_tokenizers(toks, src, dst):
     s, d = toks[src], toks[dst]
     t = traj(s, source="src")
-    v = build_view(t, d, prompt(d), is_self=False, source_tokenizer=s, **LIMITS)
+    v = view(t, d, prompt(d), source_tok=s)
     assert v.response_ids[:-1] != t.token_ids  # genuinely different ids
     assert v.response_ids[-1] == d.eos_token_id and v.eos_appended
     assert decode_response(d, v.response_ids[:-1]) == RESPONSE
@@ -103,70 +129,76 @@ def test_eos_modes(toks):
     smol, pair = toks["smol"], toks["pair"]
     t = traj(smol)
     base = encode_text(pair, RESPONSE)
-    learner = build_view(t, pair, prompt(pair), is_self=False, source_tokenizer=smol, **LIMITS)
-    text_eos = build_view(t, pair, prompt(pair), is_self=False, eos_mode="source_eos_text",
-                          source_tokenizer=smol, **LIMITS)
-    none = build_view(t, pair, prompt(pair), is_self=False, eos_mode="no_eos", source_tokenizer=smol, **LIMITS)
+    learner = view(t, pair, prompt(pair), source_tok=smol)
+    text_eos = view(t, pair, prompt(pair), source_tok=smol, eos_mode="source_eos_text")
+    none = view(t, pair, prompt(pair), source_tok=smol, eos_mode="no_eos")
     assert learner.response_ids == tuple(base) + (0,)
     # SmolLM2's eos "<|im_end|>" becomes ten ordinary characters for the pair tokenizer
     assert decode_response(pair, text_eos.response_ids) == RESPONSE + "<|im_end|>"
     assert text_eos.response_len == len(base) + 10 and not text_eos.eos_appended
     assert none.response_ids == tuple(base) and not none.eos_appended
     # reverse direction: pair's "<eos>" as text must not turn into SmolLM2's specials
-    rev = build_view(traj(pair), smol, prompt(smol), is_self=False, eos_mode="source_eos_text",
-                     source_tokenizer=pair, **LIMITS)
+    rev = view(traj(pair), smol, prompt(smol), source_tok=pair, eos_mode="source_eos_text")
     assert decode_response(smol, rev.response_ids).endswith("<eos>")
     assert smol.eos_token_id not in rev.response_ids
     # a length-truncated source never gets an eos, in any mode
     cut = traj(smol, finish="length")
     for mode in ("learner_eos", "source_eos_text", "no_eos"):
-        v = build_view(cut, pair, prompt(pair), is_self=False, eos_mode=mode, source_tokenizer=smol, **LIMITS)
+        v = view(cut, pair, prompt(pair), source_tok=smol, eos_mode=mode)
         assert v.response_ids == tuple(base)
 
 
-def test_source_eos_text_needs_source_tokenizer(toks):
-    with pytest.raises(ValueError, match="source_tokenizer"):
-        build_view(traj(toks["char"]), toks["pair"], [5], is_self=False, eos_mode="source_eos_text", **LIMITS)
+def test_source_eos_text_between_local_tokenizers(toks):
+    char, pair = toks["char"], toks["pair"]
+    v = view(traj(char, text=" 12"), pair, prompt(pair), source_tok=char, eos_mode="source_eos_text")
+    assert decode_response(pair, v.response_ids) == " 12<eos>"  # char's "<eos>" as five characters for pair
+    assert pair.eos_token_id not in v.response_ids and not v.eos_appended
+
+
+def test_exchange_rejects_bad_settings(toks):
+    char, pair = toks["char"], toks["pair"]
     with pytest.raises(ValueError, match="eos_mode='bogus'"):
-        build_view(traj(toks["char"]), toks["pair"], [5], is_self=False, eos_mode="bogus", **LIMITS)
+        Exchange({"a": char}, eos_mode="bogus", **LIMITS)
     with pytest.raises(ValueError, match="max_response_len=0"):
-        build_view(traj(toks["char"]), toks["pair"], [5], is_self=False, max_prompt_len=4, max_response_len=0)
+        Exchange({"a": char}, max_prompt_len=4, max_response_len=0)
+    no_eos = copy.deepcopy(char)
+    no_eos.eos_token = None
+    ex = Exchange({"a": no_eos, "b": pair}, eos_mode="source_eos_text", **LIMITS)
+    with pytest.raises(ValueError, match="needs an eos_token in source 'a'"):
+        ex.views("b", [traj(char)], {"p0": [5]})
 
 
 def test_truncation_and_stats(toks):
     char, pair = toks["char"], toks["pair"]
-    stats = ExchangeStats()
     long_prompt = encode_text(pair, "Q: " + "1 " * 20 + "=? A:")
     t = traj(char, text=" 12345678")  # 9 char tokens; pair: Ġ 12 34 56 78 = 5 (+ eos)
-    v = build_view(t, pair, long_prompt, is_self=False, max_prompt_len=8, max_response_len=5,
-                   source_tokenizer=char, stats=stats, learner_name="b")
+    t2 = traj(char, text=" 1234", prompt_id="p1")  # 5 char tokens; pair: Ġ 12 34 = 3 (+ eos)
+    ex = Exchange({"a": char, "b": pair}, max_prompt_len=8, max_response_len=5)
+    v, v2 = ex.views("b", [t, t2], {"p0": long_prompt, "p1": long_prompt[:3]})
     assert v.prompt_ids == tuple(long_prompt[-8:]) and v.truncated_prompt
     # the eos no longer fits: right-truncated, nothing appended (the learner must not learn to stop here)
     assert v.response_len == 5 and v.truncated_response and not v.eos_appended
     assert 0 not in v.response_ids
-    v2 = build_view(t, pair, long_prompt[:3], is_self=False, source_tokenizer=char, stats=stats,
-                    learner_name="b", **LIMITS)
-    assert not (v2.truncated_prompt or v2.truncated_response)
-    got = stats.get("a", "b")
-    assert got == {"n": 2.0, "token_ratio": pytest.approx(5 / 9), "truncated_prompt": 1.0,
+    assert not (v2.truncated_prompt or v2.truncated_response) and v2.eos_appended
+    got = ex.stats.get("a", "b")
+    assert got == {"n": 2.0, "token_ratio": pytest.approx((5 / 9 + 3 / 5) / 2), "truncated_prompt": 1.0,
                    "truncated_response": 1.0, "roundtrip_mismatch": 0.0}
-    metrics = stats.as_metrics("train/")
-    assert metrics["train/b/exchange/from_a/token_ratio"] == pytest.approx(5 / 9)
+    metrics = ex.stats.as_metrics("train/")
+    assert metrics["train/b/exchange/from_a/token_ratio"] == pytest.approx((5 / 9 + 3 / 5) / 2)
     assert set(metrics) == {f"train/b/exchange/from_a/{k}" for k in got}
     with pytest.raises(KeyError, match="source='x'"):
-        stats.get("x", "b")
+        ex.stats.get("x", "b")
 
 
-def test_roundtrip_mismatch_is_counted(toks):
+def test_roundtrip_mismatch_is_counted(toks, byte_tok):
     char, pair = toks["char"], toks["pair"]
-    stats = ExchangeStats()
-    t = Trajectory(prompt_id="p", source="a", prompt_text="q", response_text="café 12", token_ids=(1, 2, 3),
-                   finish_reason="eos", reward=0.0, source_len=4)
-    v = build_view(t, char, [5], is_self=False, stats=stats, learner_name="b", **LIMITS)
+    ex = Exchange({"a": byte_tok, "b": char, "c": pair}, **LIMITS)
+    t = traj(byte_tok, text="café 12")
+    (v,) = ex.views("b", [t], {"p0": [5]})
     assert decode_response(char, v.response_ids) == "caf 12"  # "é" has no char token
-    assert stats.get("a", "b")["roundtrip_mismatch"] == 1.0
-    build_view(traj(pair), char, [5], is_self=False, stats=stats, learner_name="b", **LIMITS)
-    assert stats.get("a", "b")["roundtrip_mismatch"] == 1.0
+    assert ex.stats.get("a", "b")["roundtrip_mismatch"] == 1.0
+    ex.views("b", [traj(pair, source="c")], {"p0": [5]})
+    assert ex.stats.get("c", "b")["roundtrip_mismatch"] == 0.0
 
 
 def test_trajectory_records(toks):
@@ -208,20 +240,19 @@ def test_exchange_builds_all_views(toks, tmp_path):
         ex.views("z", trajs, {"p0": [1]})
 
 
-def test_batched_exchange_equals_build_view(toks):
+def test_batched_views_equal_one_at_a_time(toks):
+    """Cross records are re-encoded in one batched call per source: the same views and statistics
+    as one trajectory per call."""
     names = sorted(toks)  # char, pair (+ smol when installed)
-    ex = Exchange({n: toks[n] for n in names}, max_prompt_len=64, max_response_len=12)
     texts = [RESPONSE, " café 1234", " 99+1 = \\boxed{100}"]
     trajs = [traj(toks[n], text=t, finish=f, source=n) for n in names for t in texts for f in ("eos", "length")]
     for learner in names:
-        tok = toks[learner]
-        stats = ExchangeStats()
-        expected = [build_view(t, tok, prompt(tok), is_self=t.source == learner, source_tokenizer=toks[t.source],
-                               same_tokenizer=ex.same_tokenizer(t.source, learner), max_prompt_len=64,
-                               max_response_len=12, stats=stats, learner_name=learner) for t in trajs]
-        assert ex.views(learner, trajs, {"p0": prompt(tok)}) == expected
+        batched = Exchange({n: toks[n] for n in names}, max_prompt_len=64, max_response_len=12)
+        single = Exchange({n: toks[n] for n in names}, max_prompt_len=64, max_response_len=12)
+        ids = {"p0": prompt(toks[learner])}
+        assert batched.views(learner, trajs, ids) == [single.views(learner, [t], ids)[0] for t in trajs]
         for source in names:
-            assert ex.stats.get(source, learner) == stats.get(source, learner)
+            assert batched.stats.get(source, learner) == single.stats.get(source, learner)
 
 
 def test_source_len_matches_self_view_under_truncation(toks):
@@ -229,7 +260,7 @@ def test_source_len_matches_self_view_under_truncation(toks):
     for finish in ("eos", "length"):
         for limit in (3, len(encode_text(tok, RESPONSE)), 64):
             t = traj(tok, finish=finish, max_response_len=limit)
-            v = build_view(t, tok, prompt(tok), is_self=True, max_prompt_len=64, max_response_len=limit)
+            v = view(t, tok, prompt(tok), learner="a", max_response_len=limit)
             assert t.source_len == v.response_len, (finish, limit)
 
 
