@@ -128,6 +128,7 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
 
 def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
     """Start this agent's SGLang server on its initial weights and connect an engine (GPU clusters)."""
+    from hacrl_megatron.config import sglang_python
     from hacrl_megatron.rollout.sglang_engine import SGLangEngine
     from hacrl_megatron.rollout.sglang_server import SGLangServer
 
@@ -139,7 +140,7 @@ def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer:
     command = [a.replace("{model_path}", str(init_dir)) for a in r.sglang_command] or None
     server = SGLangServer(init_dir, tp_size=r.sglang_tp, gpu_ids=cfg.rollout_gpu_ids or None,
                           mem_fraction_static=r.sglang_mem_fraction, extra_args=r.sglang_args,
-                          log_path=root / "server.log", command=command)
+                          log_path=root / "server.log", command=command, python=sglang_python(r))
     server.start()
     engine = SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer,
                           weight_sync=r.weight_sync, sync_dir=root / "synced", base_model_dir=init_dir,
