@@ -3,8 +3,11 @@
     hacrl launch [--preset P] [overrides ...]                                   # local subprocess
     hacrl launch --executor slurm --account A --partition P --nodes 2 --gpus-per-node 8 \\
                  --container-image IMG --preset paper_qwen3_4b_with_instruct train.steps=200
-    hacrl launch --executor docker --container-image IMG --preset ... --detach
+    hacrl launch --executor docker --preset ... --detach
 
+Container image (docker and slurm): ``--container-image``, else ``$HACRL_IMAGE``, else
+``hacrl-megatron:<package version>``, the tag the top-level Dockerfile is built with (README
+"Containers"); ``--container-image none`` runs a Slurm job on the nodes' own Python environment.
 The configuration is resolved and validated here first, so a typo fails before anything is
 submitted. Exit status: 0 when the job succeeded (or, with --detach/--dryrun, was submitted/written),
 1 when it failed, 2 for bad arguments.
@@ -13,12 +16,23 @@ submitted. Exit status: 0 when the job succeeded (or, with --detach/--dryrun, wa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import Any
 
 from hacrl_megatron.launch.recipes import SUBCOMMANDS
 
 EXECUTORS = ("local", "slurm", "docker")
+IMAGE_ENV = "HACRL_IMAGE"  # overrides the default image, e.g. registry.example.com/hacrl/hacrl-megatron:0.1.0
+IMAGE_NAME = "hacrl-megatron"
+NO_IMAGE = "none"
+
+
+def default_image() -> str:
+    """``$HACRL_IMAGE``, else ``hacrl-megatron:<package version>`` (README "Containers": build and tag)."""
+    from hacrl_megatron import __version__
+
+    return os.environ.get(IMAGE_ENV) or f"{IMAGE_NAME}:{__version__}"
 
 
 def _key_value(text: str) -> tuple[str, str]:
@@ -49,7 +63,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--gpus-per-node", type=int, default=None, help="GPUs per node (slurm; docker: -1 = all)")
     g.add_argument("--cpus-per-task", type=int, default=None, help="CPUs Ray may use per node (slurm)")
     g.add_argument("--time", default="04:00:00", help="sbatch --time (slurm)")
-    g.add_argument("--container-image", help="container image (docker: required; slurm: pyxis image)")
+    g.add_argument("--container-image",
+                   help=f"container image (docker; slurm: pyxis image, '{NO_IMAGE}': bare metal); "
+                        f"default ${IMAGE_ENV} or {IMAGE_NAME}:<version>")
     g.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
                    help="container mount / docker volume (repeatable)")
     g.add_argument("--job-dir", help="job files directory on the cluster's shared filesystem (slurm)")
@@ -68,18 +84,20 @@ def build_executor(args: argparse.Namespace) -> Any:
     env = dict(args.env)
     if args.executor == "local":
         return executors.local_executor(env_vars=env)
+    image = args.container_image or default_image()
     if args.executor == "slurm":
         if not args.account:
             raise ValueError("--executor slurm needs --account")
         return executors.slurm_executor(
-            args.account, args.partition, args.nodes, args.gpus_per_node, args.container_image, time=args.time,
+            args.account, args.partition, args.nodes, args.gpus_per_node, None if image == NO_IMAGE else image,
+            time=args.time,
             job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user, container_mounts=args.mount,
             env_vars=env, cpus_per_task=args.cpus_per_task, packager=args.packager,
         )
-    if not args.container_image:
-        raise ValueError("--executor docker needs --container-image")
+    if image == NO_IMAGE:
+        raise ValueError(f"--executor docker needs a container image, not --container-image {NO_IMAGE}")
     gpus = -1 if args.gpus_per_node is None else args.gpus_per_node
-    return executors.docker_executor(args.container_image, num_gpus=gpus, volumes=args.mount, env_vars=env,
+    return executors.docker_executor(image, num_gpus=gpus, volumes=args.mount, env_vars=env,
                                      packager=args.packager)
 
 

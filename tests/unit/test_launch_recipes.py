@@ -136,8 +136,8 @@ def test_cli_validates_before_submitting(tmp_path, capsys):
         cli.main(_args(["hacpo.alpha=-1", "--dryrun"]))
     assert cli.main(_args(["--executor", "slurm", "--dryrun"])) == 2
     assert "--executor slurm needs --account" in capsys.readouterr().err
-    assert cli.main(_args(["--executor", "docker"])) == 2
-    assert "needs --container-image" in capsys.readouterr().err
+    assert cli.main(_args(["--executor", "docker", "--container-image", "none"])) == 2
+    assert "needs a container image" in capsys.readouterr().err
     argv = ["--executor", "slurm", "--account", "acct", "--nodes", "2", "--gpus-per-node", "4", "--packager", "none",
             "--job-dir", str(tmp_path / "jobs"), "--base-dir", str(tmp_path / "exp"), "--dryrun", "--name", "c",
             "--env", "A=1", "train.steps=2"]
