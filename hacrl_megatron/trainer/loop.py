@@ -17,12 +17,16 @@ import torch
 
 from hacrl_megatron.algo import CapabilityTracker, positive_rate
 from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.exchange.retokenize import Exchange
+from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.metrics import MetricsLogger
-from hacrl_megatron.trainer.runtime import export_hf
+from hacrl_megatron.trainer.pretrain import apply_warmup
+from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 
 logger = logging.getLogger(__name__)
 
@@ -32,12 +36,12 @@ class Run:
     """The live objects of one training run (built once by :func:`setup`)."""
 
     exp: ExperimentConfig
-    runtimes: list
-    exchange: object
+    runtimes: list[AgentRuntime]
+    exchange: Exchange
     tracker: CapabilityTracker
-    verifier: object
-    task: object
-    eval_records: list
+    verifier: VerifierPool
+    task: Task
+    eval_records: list[PromptRecord]
     step: int = 0
     history: dict[str, list[float]] = field(default_factory=dict)
 
@@ -47,12 +51,6 @@ class Run:
 
 
 def setup(exp: ExperimentConfig) -> Run:
-    from hacrl_megatron.data import make_task
-    from hacrl_megatron.exchange.retokenize import Exchange
-    from hacrl_megatron.reward.pool import VerifierPool
-    from hacrl_megatron.trainer.pretrain import apply_warmup
-    from hacrl_megatron.trainer.runtime import build_runtime, configure_process
-
     configure_process(exp)
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
@@ -75,8 +73,6 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
     for rt in run.runtimes:
         batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
-        if exp.hacpo.algorithm == "grpo":
-            minis = [stages.with_token_count(mb) for mb in minis]
         launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
     for rt, num_sequences, pending in launched:
         per_update = pending.result()
@@ -93,7 +89,7 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
     return metrics
 
 
-def _sync_engines(run: Run, probe) -> dict[str, float]:
+def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
     """Push every agent's weights into its engine and check them on a probe sequence."""
     metrics = {}
     for rt in run.runtimes:

@@ -14,24 +14,32 @@ import logging
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from hacrl_megatron.agents.handle import AgentHandle
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
+from hacrl_megatron.rollout.sglang_server import SGLangServer
+from hacrl_megatron.rollout.types import RolloutEngine
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
 class AgentRuntime:
+    """Agent ``index``'s live pieces: its config, tokenizer, trainer, rollout engine (and server)."""
+
     index: int
     cfg: AgentConfig
-    tokenizer: Any
-    agent: Any  # AgentHandle
-    engine: Any  # RolloutEngine
-    server: Any = None  # SGLangServer when rollout.engine == "sglang"
-    hf_config: Any = None  # the agent's transformers config (for HF exports)
+    tokenizer: PreTrainedTokenizerBase
+    agent: AgentHandle
+    engine: RolloutEngine
+    server: SGLangServer | None = None  # when rollout.engine == "sglang"
+    hf_config: PretrainedConfig | None = None  # the agent's transformers config (for HF exports)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -83,7 +91,7 @@ def configure_process(exp: ExperimentConfig) -> None:
     hf_logging.set_verbosity_error()
 
 
-def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> Any:
+def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedModel:
     """The agent's starting HF model (fp32 on CPU): warm-up checkpoint, HF dir, or seeded random init."""
     from transformers import AutoModelForCausalLM
 
@@ -107,7 +115,7 @@ def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> Any:
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
 
 
-def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updates: int) -> Any:
+def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig, total_updates: int) -> AgentHandle:
     """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights."""
     t = exp.train
     if cfg.backend == "hf":
@@ -126,7 +134,8 @@ def build_agent(cfg: AgentConfig, model: Any, exp: ExperimentConfig, total_updat
     return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
-def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: Any, tokenizer: Any) -> tuple[Any, Any]:
+def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel,
+                 tokenizer: PreTrainedTokenizerBase) -> tuple[SGLangServer, RolloutEngine]:
     """Start this agent's SGLang server on its initial weights and connect an engine (GPU clusters)."""
     from hacrl_megatron.config import sglang_python
     from hacrl_megatron.rollout.sglang_engine import SGLangEngine
