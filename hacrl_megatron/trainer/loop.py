@@ -144,7 +144,8 @@ def _checkpoint_dir(exp: ExperimentConfig) -> Path:
 
 
 def _save(run: Run) -> None:
-    state = {"tracker": run.tracker.state_dict(), "history": run.history, "data_position": run.step}
+    # the data position is the step itself (prompts are sampled at offset step × prompts_per_step)
+    state = {"tracker": run.tracker.state_dict(), "history": run.history}
     save_checkpoint(_checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
 
 
