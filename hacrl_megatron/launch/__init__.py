@@ -11,7 +11,7 @@ from typing import Any
 
 _EXPORTS = {
     "local_executor": "executors", "slurm_executor": "executors", "docker_executor": "executors",
-    "require_nemo_run": "executors",
+    "require_nemo_run": "executors", "SlurmJob": "executors",
     "LaunchError": "recipes", "LaunchResult": "recipes", "build_task": "recipes", "hacrl_command": "recipes",
     "launch_train": "recipes",
     "ray_cluster_script": "slurm_ray",

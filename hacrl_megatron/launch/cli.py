@@ -88,12 +88,12 @@ def build_executor(args: argparse.Namespace) -> Any:
     if args.executor == "slurm":
         if not args.account:
             raise ValueError("--executor slurm needs --account")
-        return executors.slurm_executor(
+        job = executors.SlurmJob(
             args.account, args.partition, args.nodes, args.gpus_per_node, None if image == NO_IMAGE else image,
-            time=args.time,
-            job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user, container_mounts=args.mount,
-            env_vars=env, cpus_per_task=args.cpus_per_task, packager=args.packager,
+            time=args.time, container_mounts=tuple(args.mount), cpus_per_task=args.cpus_per_task,
+            job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user,
         )
+        return executors.slurm_executor(job, env_vars=env, packager=args.packager)
     if image == NO_IMAGE:
         raise ValueError(f"--executor docker needs a container image, not --container-image {NO_IMAGE}")
     gpus = -1 if args.gpus_per_node is None else args.gpus_per_node

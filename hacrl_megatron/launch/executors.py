@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,42 +56,59 @@ def local_executor(*, env_vars: dict[str, str] | None = None, **extra: Any) -> A
     return run.LocalExecutor(env_vars={"PYTHONPATH": path, **_env(env_vars)}, **extra)
 
 
-def slurm_executor(account: str, partition: str | None, nodes: int, gpus_per_node: int | None,
-                   container_image: str | None, *, time: str = "04:00:00", job_dir: str | None = None,
-                   ssh_host: str | None = None, ssh_user: str | None = None, container_mounts: list[str] | None = None,
-                   env_vars: dict[str, str] | None = None, cpus_per_task: int | None = None,
-                   exclusive: bool | None = True, packager: str = "git", **extra: Any) -> Any:
+@dataclass(frozen=True)
+class SlurmJob:
     """An sbatch job of ``nodes`` nodes with one task per node (each task is one Ray node; the agents'
     ranks are Ray actors, see :mod:`hacrl_megatron.agents.ray_agent`).
 
-    Args:
-        account, partition, time: sbatch ``--account``, ``--partition``, ``--time`` (HH:MM:SS).
-        nodes, gpus_per_node: sbatch ``--nodes`` and ``--gpus-per-node`` (None: CPU nodes).
-        container_image: pyxis/enroot image for ``srun --container-image`` (None: bare metal).
-        job_dir: directory for job files and logs on the cluster's shared filesystem; required
-            with ``ssh_host``, default ``~/.nemo_run/experiments`` when launching on the login node.
-        ssh_host, ssh_user: submit over SSH from another machine (``run.SSHTunnel``); default:
-            this machine is the login node (``run.LocalTunnel``).
-        container_mounts: ``src:dst`` mounts (data, checkpoints, HF models).
-        cpus_per_task: CPUs Ray may use on each node (default: what Slurm gives one task;
-            set it to the node's cores when not running ``exclusive``).
+    account, partition, time: sbatch ``--account``, ``--partition``, ``--time`` (HH:MM:SS).
+    nodes, gpus_per_node: sbatch ``--nodes`` and ``--gpus-per-node`` (None: CPU nodes).
+    container_image: pyxis/enroot image for ``srun --container-image`` (None: bare metal).
+    container_mounts: ``src:dst`` mounts (data, checkpoints, HF models).
+    cpus_per_task: CPUs Ray may use on each node (default: what Slurm gives one task; set it to the
+        node's cores when not running ``exclusive``).
+    job_dir: directory for job files and logs on the cluster's shared filesystem; required with
+        ``ssh_host``, default ``~/.nemo_run/experiments`` when launching on the login node.
+    ssh_host, ssh_user: submit over SSH from another machine (``run.SSHTunnel``); default: this
+        machine is the login node (``run.LocalTunnel``).
     """
+
+    account: str
+    partition: str | None = None
+    nodes: int = 1
+    gpus_per_node: int | None = None
+    container_image: str | None = None
+    time: str = "04:00:00"
+    container_mounts: tuple[str, ...] = ()
+    cpus_per_task: int | None = None
+    exclusive: bool | None = True
+    job_dir: str | None = None
+    ssh_host: str | None = None
+    ssh_user: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1:
+            raise ValueError(f"nodes={self.nodes}: must be >= 1")
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise ValueError(f"gpus_per_node={self.gpus_per_node}: must be >= 0 (or None for CPU nodes)")
+        if self.ssh_host is not None and not (self.ssh_user and self.job_dir):
+            raise ValueError(f"ssh_host={self.ssh_host!r} needs ssh_user and job_dir (a directory on the cluster)")
+        object.__setattr__(self, "container_mounts", tuple(self.container_mounts))  # a list is accepted too
+
+
+def slurm_executor(job: SlurmJob, *, env_vars: dict[str, str] | None = None, packager: str = "git",
+                   **extra: Any) -> Any:
+    """The NeMo-Run ``SlurmExecutor`` for ``job`` (see :class:`SlurmJob`)."""
     run = require_nemo_run()
-    if nodes < 1:
-        raise ValueError(f"nodes={nodes}: must be >= 1")
-    if gpus_per_node is not None and gpus_per_node < 0:
-        raise ValueError(f"gpus_per_node={gpus_per_node}: must be >= 0 (or None for CPU nodes)")
-    if ssh_host is not None:
-        if not (ssh_user and job_dir):
-            raise ValueError(f"ssh_host={ssh_host!r} needs ssh_user and job_dir (a directory on the cluster)")
-        tunnel = run.SSHTunnel(host=ssh_host, user=ssh_user, job_dir=job_dir)
+    if job.ssh_host is not None:
+        tunnel = run.SSHTunnel(host=job.ssh_host, user=job.ssh_user, job_dir=job.job_dir)
     else:
-        tunnel = run.LocalTunnel(job_dir=job_dir or "")
+        tunnel = run.LocalTunnel(job_dir=job.job_dir or "")
     return run.SlurmExecutor(
-        account=account, partition=partition, nodes=nodes, ntasks_per_node=1, gpus_per_node=gpus_per_node or None,
-        cpus_per_task=cpus_per_task, exclusive=exclusive, time=time, container_image=container_image,
-        container_mounts=list(container_mounts or []), env_vars=_env(env_vars), tunnel=tunnel,
-        packager=_packager(run, packager), **extra,
+        account=job.account, partition=job.partition, nodes=job.nodes, ntasks_per_node=1,
+        gpus_per_node=job.gpus_per_node or None, cpus_per_task=job.cpus_per_task, exclusive=job.exclusive,
+        time=job.time, container_image=job.container_image, container_mounts=list(job.container_mounts),
+        env_vars=_env(env_vars), tunnel=tunnel, packager=_packager(run, packager), **extra,
     )
 
 

@@ -2,8 +2,8 @@
 
 ::
 
-    from hacrl_megatron.launch import launch_train, slurm_executor
-    ex = slurm_executor("my_account", "batch", nodes=2, gpus_per_node=8, container_image="nvcr.io/...")
+    from hacrl_megatron.launch import SlurmJob, launch_train, slurm_executor
+    ex = slurm_executor(SlurmJob("my_account", "batch", nodes=2, gpus_per_node=8, container_image="nvcr.io/..."))
     result = launch_train("paper_qwen3_4b_with_instruct", ["train.steps=200"], ex, name="hacpo-4b")
 
 On Slurm the job first builds a Ray cluster over its nodes (:mod:`hacrl_megatron.launch.slurm_ray`)

@@ -14,7 +14,13 @@ import pytest
 run = pytest.importorskip("nemo_run")
 
 from hacrl_megatron.launch import cli  # noqa: E402
-from hacrl_megatron.launch.executors import docker_executor, local_executor, require_nemo_run, slurm_executor  # noqa: E402
+from hacrl_megatron.launch.executors import (  # noqa: E402
+    SlurmJob,
+    docker_executor,
+    local_executor,
+    require_nemo_run,
+    slurm_executor,
+)
 from hacrl_megatron.launch.recipes import build_task, hacrl_command, launch_train  # noqa: E402
 from hacrl_megatron.launch.slurm_ray import ray_cluster_script  # noqa: E402
 
@@ -30,11 +36,11 @@ def readable_stdin(monkeypatch):
         yield
 
 
-def _slurm(tmp_path, **kw):
-    args = dict(time="01:00:00", job_dir=str(tmp_path / "jobs"), container_mounts=["/data:/data"],
-                env_vars={"HF_HOME": "/data/hf"}, packager="none")
-    args.update(kw)
-    return slurm_executor("acct", "batch", 2, 8, "nvcr.io/hacrl:1", **args)
+def _slurm(tmp_path, packager="none", **kw):
+    job = dict(time="01:00:00", job_dir=str(tmp_path / "jobs"), container_mounts=["/data:/data"])
+    job.update(kw)
+    return slurm_executor(SlurmJob("acct", "batch", 2, 8, "nvcr.io/hacrl:1", **job),
+                          env_vars={"HF_HOME": "/data/hf"}, packager=packager)
 
 
 def test_slurm_executor_fields(tmp_path):
@@ -47,7 +53,7 @@ def test_slurm_executor_fields(tmp_path):
     assert isinstance(ex.tunnel, run.LocalTunnel) and ex.tunnel.job_dir == str(tmp_path / "jobs")
     assert type(ex.packager) is run.Packager
     assert isinstance(_slurm(tmp_path, packager="git").packager, run.GitArchivePackager)
-    cpu = slurm_executor("acct", None, 1, None, None)
+    cpu = slurm_executor(SlurmJob("acct"))
     assert cpu.gpus_per_node is None and cpu.container_image is None
 
 
@@ -56,9 +62,11 @@ def test_slurm_executor_over_ssh_and_bad_values(tmp_path):
     assert isinstance(ex.tunnel, run.SSHTunnel)
     assert (ex.tunnel.host, ex.tunnel.user, ex.tunnel.job_dir) == ("login.cluster", "me", str(tmp_path / "jobs"))
     with pytest.raises(ValueError, match="ssh_host='login.cluster' needs ssh_user and job_dir"):
-        slurm_executor("acct", "batch", 1, 8, None, ssh_host="login.cluster")
+        SlurmJob("acct", "batch", 1, 8, ssh_host="login.cluster")
     with pytest.raises(ValueError, match="nodes=0: must be >= 1"):
-        slurm_executor("acct", "batch", 0, 8, None)
+        SlurmJob("acct", "batch", 0, 8)
+    with pytest.raises(ValueError, match="gpus_per_node=-1: must be >= 0"):
+        SlurmJob("acct", gpus_per_node=-1)
     with pytest.raises(ValueError, match="packager='zip'"):
         _slurm(tmp_path, packager="zip")
 
