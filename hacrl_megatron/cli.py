@@ -29,7 +29,7 @@ DEFAULT_PRESET = "cpu_demo"
 # add_arguments(parser) and main(args) -> int.
 EXTERNAL_COMMANDS = {
     "eval": ("hacrl_megatron.eval.cli", "evaluate agents on benchmarks (avg@k, pass@k, best@k)"),
-    "convert": ("hacrl_megatron.models.convert_cli", "convert HF/GGUF checkpoints to Megatron and back"),
+    "convert": ("hacrl_megatron.cli_convert", "convert HF/GGUF checkpoints to Megatron and back"),
     "launch": ("hacrl_megatron.launch.cli", "run a hacrl job through NeMo-Run (local, Slurm + Ray cluster, Docker)"),
 }
 

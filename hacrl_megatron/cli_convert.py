@@ -15,11 +15,31 @@ Megatron checkpoints written by an agent's ``save`` also convert (their optimize
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import sys
+import tempfile
 import time
 from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from hacrl_megatron.agents import checkpoint as ckpt
+from hacrl_megatron.models import convert
+from hacrl_megatron.models.convert import CheckpointMismatchError
+from hacrl_megatron.models.hf_io import open_hf_model, resolve_hf_dir
+from hacrl_megatron.models.parallel import init_parallel, local_world_env
+from hacrl_megatron.models.provider import (
+    ArchSpec,
+    ParallelLayoutError,
+    UnsupportedModelError,
+    arch_from_hf,
+    build_gpt_model,
+    validate_layout,
+)
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -61,19 +81,12 @@ def main(args: argparse.Namespace) -> int:
     world = args.tp * args.pp
     t0 = time.perf_counter()
     if not args.gguf_file:  # fail before spawning: layout and source problems named up front
-        from hacrl_megatron.models.convert import CheckpointMismatchError
-        from hacrl_megatron.models.provider import ParallelLayoutError, UnsupportedModelError, validate_layout
-
         try:
             validate_layout(_source(vars(args))[0], args.tp, args.pp)
         except (ParallelLayoutError, UnsupportedModelError, CheckpointMismatchError, FileNotFoundError) as err:
             print(f"hacrl convert: {err}", file=sys.stderr)
             return 2
     if world > 1 and "WORLD_SIZE" not in os.environ:
-        import tempfile
-
-        import torch.multiprocessing as mp
-
         init_file = os.path.join(tempfile.mkdtemp(prefix="hacrl_convert_"), "rendezvous")
         mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
     else:
@@ -84,43 +97,26 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _spawned(rank: int, world: int, init_file: str, opts: dict) -> None:
-    import torch
-
-    from hacrl_megatron.models.parallel import local_world_env
-
     os.environ.update(local_world_env(rank, world, init_file))
     torch.set_num_threads(1)
     convert_in_world(opts)
 
 
-def _source(opts: dict) -> tuple[Any, Any, Any, str | None]:
+def _source(opts: dict) -> tuple[ArchSpec, Any, Any, str | None]:
     """(ArchSpec, HF config, HF tensor source or None, Megatron checkpoint or None)."""
-    from hacrl_megatron.agents.checkpoint import read_meta
-    from hacrl_megatron.models.hf_io import open_hf_model
-    from hacrl_megatron.models.provider import arch_from_hf
-
     if opts["from_hf"]:
         hf_config, source = open_hf_model(opts["from_hf"], opts.get("gguf_file"))
         return arch_from_hf(hf_config, dtype=opts.get("dtype")), hf_config, source, None
-    spec, hf_config = read_meta(opts["from_megatron"])
+    spec, hf_config = ckpt.read_meta(opts["from_megatron"])
     if hf_config is None:
         raise ValueError(f"{opts['from_megatron']}: checkpoint has no HF config stored; cannot convert it")
     if opts.get("dtype"):
-        import dataclasses
-
         spec = dataclasses.replace(spec, dtype=opts["dtype"])
     return spec, hf_config, None, opts["from_megatron"]
 
 
 def convert_in_world(opts: dict) -> None:
     """Every rank: build the model at (tp, pp), load the source, write the destination."""
-    import torch.distributed as dist
-
-    from hacrl_megatron.agents import checkpoint as ckpt
-    from hacrl_megatron.models import convert
-    from hacrl_megatron.models.parallel import init_parallel
-    from hacrl_megatron.models.provider import build_gpt_model
-
     spec, hf_config, source, megatron_dir = _source(opts)
     init_parallel(opts["tp"], opts["pp"], 1)
     model = build_gpt_model(spec, opts["tp"], opts["pp"])
@@ -147,8 +143,6 @@ def convert_in_world(opts: dict) -> None:
 def _copy_tokenizer(opts: dict, dst: str) -> None:
     """Carry the tokenizer along (engines need it next to the weights; Megatron checkpoints keep it
     in ``<ckpt>/tokenizer`` so that the way back restores it)."""
-    from hacrl_megatron.models.hf_io import resolve_hf_dir
-
     if opts.get("from_hf") and opts.get("gguf_file"):
         from transformers import AutoTokenizer
 
