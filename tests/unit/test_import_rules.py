@@ -1,0 +1,200 @@
+"""The design's dependency rules between the package's stages, checked on the source with ``ast``.
+
+Every import counts: at module level, inside functions (lazy imports of heavy backends) and under
+``if TYPE_CHECKING:``. Rules (docs/architecture.md, "Layout"):
+
+* ``algo/`` imports only torch (and the standard library, numpy) and ``config``: pure tensor math;
+* ``kernels/`` imports only torch, triton, ``algo`` and ``config``;
+* ``models/`` and ``agents/`` never import ``trainer/``, ``rollout/`` or ``reward/``;
+* ``rollout/`` never imports ``agents/``;
+* ``reward/``, ``data/`` and ``exchange/`` never import ``models/`` or ``agents/``;
+* no import cycle between the package's units (subpackages and top-level modules).
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "hacrl_megatron"
+ROOT = Path(__file__).resolve().parents[2] / PACKAGE
+STDLIB = set(sys.stdlib_module_names)
+
+# unit -> (third-party modules it may import, or None for any; package units it may import, or None for any)
+ONLY = {
+    "algo": ({"torch", "numpy"}, {"algo", "config"}),
+    "kernels": ({"torch", "triton"}, {"kernels", "algo", "config"}),
+}
+NEVER = {
+    "models": {"trainer", "rollout", "reward"},
+    "agents": {"trainer", "rollout", "reward"},
+    "rollout": {"agents"},
+    "reward": {"models", "agents"},
+    "data": {"models", "agents"},
+    "exchange": {"models", "agents"},
+}
+
+
+def unit_of(path: Path) -> str:
+    """The package unit a source file belongs to: its subpackage, or the top-level module's name."""
+    rel = path.relative_to(ROOT)
+    return rel.parts[0] if len(rel.parts) > 1 else rel.stem
+
+
+def _module_of(path: Path) -> list[str]:
+    rel = path.relative_to(ROOT.parent).with_suffix("")
+    parts = list(rel.parts)
+    return parts[:-1] if parts[-1] == "__init__" else parts
+
+
+def imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, absolute dotted module) of every import in ``path``, wherever it sits in the file."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_of(path) if path.name == "__init__.py" else _module_of(path)[:-1]
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: resolve against this file's package
+                base = package[: len(package) - (node.level - 1)]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.append((node.lineno, module))
+            if module == PACKAGE:  # ``from hacrl_megatron import config``: the names are the units
+                out += [(node.lineno, f"{PACKAGE}.{alias.name}") for alias in node.names]
+    return out
+
+
+def edges() -> list[tuple[str, str, str, int]]:
+    """(unit, imported unit or third-party top-level module, file, line), one per import."""
+    out = []
+    for path in sorted(ROOT.rglob("*.py")):
+        unit = unit_of(path)
+        for line, module in imported_modules(path):
+            parts = module.split(".")
+            if parts[0] == PACKAGE:
+                if len(parts) == 1:
+                    continue  # the ``from hacrl_megatron import x`` line itself; x is listed separately
+                target = parts[1]
+            else:
+                target = parts[0]
+            out.append((unit, target, str(path.relative_to(ROOT.parent)), line))
+    return out
+
+
+def is_unit(name: str) -> bool:
+    return (ROOT / name).is_dir() or (ROOT / f"{name}.py").is_file()
+
+
+def rule_violations() -> list[str]:
+    problems = []
+    for unit, target, where, line in edges():
+        if unit == target:
+            continue
+        internal = is_unit(target)
+        if unit in ONLY:
+            third_party, units = ONLY[unit]
+            allowed = target in units if internal else (target in STDLIB or target in third_party)
+            if not allowed:
+                problems.append(f"{where}:{line}: {unit}/ imports {target} (allowed: the standard library, "
+                                f"{sorted(third_party)}, {sorted(units)})")
+        if internal and target in NEVER.get(unit, ()):
+            problems.append(f"{where}:{line}: {unit}/ must not import {target}/")
+    return problems
+
+
+def unit_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for unit, target, _, _ in edges():
+        graph.setdefault(unit, set())
+        if unit != target and is_unit(target):
+            graph[unit].add(target)
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one unit (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_stage_dependency_rules_hold():
+    problems = rule_violations()
+    assert not problems, "import rules broken:\n" + "\n".join(problems)
+
+
+def test_no_import_cycles_between_units():
+    graph = unit_graph()
+    found = cycles(graph)
+    detail = [" -> ".join(c) + ": " + "; ".join(f"{a} imports {sorted(graph[a] & set(c))}" for a in c)
+              for c in found]
+    assert not found, "import cycles between units:\n" + "\n".join(detail)
+
+
+# ---- the checker itself ------------------------------------------------------------------------
+def test_checker_sees_lazy_type_checking_and_relative_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / PACKAGE
+    for sub in ("algo", "kernels", "models", "agents", "trainer", "rollout", "exchange"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config.py").write_text("import yaml\n")
+    (pkg / "algo" / "math.py").write_text("import torch\nimport math\nfrom hacrl_megatron import config\n"
+                                          "def f():\n    import transformers\n")
+    (pkg / "kernels" / "k.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                          "    from hacrl_megatron.models import provider\n")
+    (pkg / "agents" / "a.py").write_text("from ..trainer import loop\n")
+    (pkg / "trainer" / "loop.py").write_text("from hacrl_megatron.agents import a\n")
+    (pkg / "rollout" / "r.py").write_text("from . import x\nfrom .. import exchange\n")
+    (pkg / "exchange" / "e.py").write_text("def g():\n    from hacrl_megatron.rollout import r\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    assert rule_violations() == [
+        f"{PACKAGE}/agents/a.py:1: agents/ must not import trainer/",
+        f"{PACKAGE}/algo/math.py:5: algo/ imports transformers (allowed: the standard library, "
+        "['numpy', 'torch'], ['algo', 'config'])",
+        f"{PACKAGE}/kernels/k.py:3: kernels/ imports models (allowed: the standard library, "
+        "['torch', 'triton'], ['algo', 'config', 'kernels'])",
+    ]
+    assert cycles(unit_graph()) == [["agents", "trainer"], ["exchange", "rollout"]]
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": set()}, []),
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+])
+def test_cycle_finder(graph, expected):
+    assert cycles(graph) == expected
