@@ -9,7 +9,12 @@ all pipes and process sentinels at once, so:
 - an item that runs past ``timeout_s`` scores 0, is counted in ``timeouts``, and its worker is
   killed and replaced;
 - a worker that dies (segfault, OOM kill, ``os._exit``) scores its item 0, is counted in
-  ``errors``, and is replaced;
+  ``errors``, and is replaced: a death at any moment costs at most the item it was scoring;
+- a worker that dies or hangs while starting is replaced as well; only ``MAX_STARTUP_FAILURES``
+  start-up failures in a row of one worker slot are fatal, and the error carries that worker's
+  stderr (a broken environment fails fast; an OOM kill of a starting worker does not);
+- math-verify's own alarm ("Timeout during comparison/parsing") scores the exact match alone and
+  is counted in ``timeouts`` too;
 - an exception inside scoring scores 0 and is counted in ``errors`` (the worker lives on);
 - a response refused by a safety screen scores by the exact match only and is counted in ``guarded``.
 
@@ -29,7 +34,11 @@ from __future__ import annotations
 import logging
 import math
 import multiprocessing as mp
+import os
+import pickle
 import signal
+import sys
+import tempfile
 import time
 from collections import deque
 from collections.abc import Callable
@@ -41,6 +50,8 @@ logger = logging.getLogger(__name__)
 
 ScoreFn = Callable[[RewardRequest, str], float]
 _READY = "ready"
+MAX_STARTUP_FAILURES = 3  # start-up failures in a row of one worker slot before the pool gives up
+STDERR_TAIL_CHARS = 4000
 
 
 def _warm_up(mode: str) -> None:
@@ -71,10 +82,21 @@ def _score_one(
         return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _worker_main(conn, mode: str, score_fn: ScoreFn | None, timeout_s: float) -> None:
-    """Worker loop: receive (index, request), send (index, score, event, error); None stops it."""
+def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, stderr_path: str) -> None:
+    """Worker loop: receive (index, request), send (index, score, event, error); None stops it.
+
+    Start-up (loading a custom scorer, importing the backend) writes its stderr to ``stderr_path``
+    so that the controller can quote it if the start fails; scoring writes to the usual stderr.
+    """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    saved_stderr = os.dup(2)
+    with open(stderr_path, "w") as capture:
+        os.dup2(capture.fileno(), 2)
+    score_fn = pickle.loads(score_blob) if score_blob is not None else None
     _warm_up(mode)
+    sys.stderr.flush()
+    os.dup2(saved_stderr, 2)
+    os.close(saved_stderr)
     conn.send(_READY)
     while True:
         try:
@@ -90,9 +112,12 @@ def _worker_main(conn, mode: str, score_fn: ScoreFn | None, timeout_s: float) ->
 class _Worker:
     """Controller-side handle of one worker process."""
 
-    def __init__(self, ctx, mode: str, score_fn: ScoreFn | None, timeout_s: float) -> None:
+    def __init__(self, ctx, mode: str, score_blob: bytes | None, timeout_s: float) -> None:
+        fd, self.stderr_path = tempfile.mkstemp(prefix="hacrl_verifier_", suffix=".stderr")
+        os.close(fd)
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_fn, timeout_s), daemon=True)
+        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_blob, timeout_s, self.stderr_path),
+                                   daemon=True)
         self.process.start()
         child.close()
         self.ready = False
@@ -100,11 +125,39 @@ class _Worker:
         self.item: int | None = None
         self.deadline = math.inf
 
+    def mark_ready(self) -> None:
+        self.ready = True
+        self._drop_stderr()
+
+    def stderr_tail(self) -> str:
+        """The last ``STDERR_TAIL_CHARS`` characters its start-up wrote to stderr ('' if none)."""
+        try:
+            with open(self.stderr_path, errors="replace") as f:
+                return f.read()[-STDERR_TAIL_CHARS:].strip()
+        except OSError:
+            return ""
+
+    def exit_reason(self) -> str:
+        code = self.process.exitcode
+        if code is not None and code < 0:
+            try:
+                return f"was killed by {signal.Signals(-code).name}"
+            except ValueError:
+                return f"was killed by signal {-code}"
+        return f"exited with code {code}"
+
+    def _drop_stderr(self) -> None:
+        try:
+            os.unlink(self.stderr_path)
+        except OSError:
+            pass
+
     def kill(self) -> None:
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
         self.conn.close()
+        self._drop_stderr()
 
 
 class VerifierPool:
@@ -118,7 +171,8 @@ class VerifierPool:
             built-in scorer (custom verifiers; tests).
         start_method: multiprocessing start method, ``"spawn"`` or ``"forkserver"`` (fork is refused:
             unsafe with torch's threads).
-        startup_timeout_s: seconds a new worker may take to import and warm up.
+        startup_timeout_s: seconds a new worker may take to import and warm up; a worker that takes
+            longer counts as a failed start (replaced; ``MAX_STARTUP_FAILURES`` in a row are fatal).
     """
 
     def __init__(
@@ -142,11 +196,15 @@ class VerifierPool:
         self.timeout_s = float(timeout_s)
         self.mode = mode
         self.startup_timeout_s = float(startup_timeout_s)
+        # pickled here, loaded by the worker after its stderr capture starts: a scorer whose module
+        # fails to import in a fresh process is reported with its traceback
+        self._score_blob = pickle.dumps(score_fn) if score_fn is not None else None
         self._score_fn = score_fn
         self._ctx = mp.get_context(start_method)
         self._stats = {"scored": 0, "timeouts": 0, "errors": 0, "guarded": 0, "restarts": 0}
-        self._workers: list[_Worker] = [self._new_worker() for _ in range(num_workers)]
         self._closed = False
+        self._startup_failures = [0] * num_workers
+        self._workers: list[_Worker] = [self._new_worker() for _ in range(num_workers)]
 
     # -- public API ---------------------------------------------------------------------------
     @property
@@ -169,6 +227,15 @@ class VerifierPool:
         if self.num_workers == 0:
             return [self._record(*_score_one(r, self.mode, self._score_fn, self.timeout_s)) for r in requests]
         return self._score_in_workers(requests)
+
+    def wait_ready(self) -> None:
+        """Block until every worker has started (replacing workers whose start fails, as
+        :meth:`score` does). Raises RuntimeError after ``MAX_STARTUP_FAILURES`` failed starts in a
+        row of one worker. No-op with ``num_workers=0``."""
+        if self._closed:
+            raise RuntimeError("VerifierPool.wait_ready called after close()")
+        while not all(w.ready for w in self._workers):
+            self._wait_and_poll([])
 
     def close(self) -> None:
         """Stop the workers (politely, then by force). Idempotent."""
@@ -200,12 +267,14 @@ class VerifierPool:
 
     # -- internals ----------------------------------------------------------------------------
     def _new_worker(self) -> _Worker:
-        return _Worker(self._ctx, self.mode, self._score_fn, self.timeout_s)
+        return _Worker(self._ctx, self.mode, self._score_blob, self.timeout_s)
 
     def _record(self, value: float, event: str | None, error: str) -> float:
         if event == "error":
             self._stats["errors"] += 1
             logger.warning("verifier error (scored 0): %s", error)
+        elif event == "timeout":  # math-verify's own alarm fired inside the scorer
+            self._stats["timeouts"] += 1
         else:
             self._stats["scored"] += 1
             if event == "guarded":
@@ -236,15 +305,19 @@ class VerifierPool:
         pending = deque(range(len(requests)))
         while pending or any(w.item is not None for w in self._workers):
             self._dispatch(requests, pending)
-            now = time.monotonic()
-            deadlines = [w.deadline for w in self._workers if w.item is not None]
-            deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
-            timeout = max(0.0, min(deadlines, default=now + 1.0) - now)
-            handles = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
-            wait(handles, timeout=timeout)
-            for slot in range(len(self._workers)):
-                self._poll(slot, results)
+            self._wait_and_poll(results)
         return [float(r) for r in results]
+
+    def _wait_and_poll(self, results: list) -> None:
+        """Wait for any worker's message, death or deadline, then handle every worker once."""
+        now = time.monotonic()
+        deadlines = [w.deadline for w in self._workers if w.item is not None]
+        deadlines += [w.started + self.startup_timeout_s for w in self._workers if not w.ready]
+        timeout = max(0.0, min(deadlines, default=now + 1.0) - now)
+        handles = [w.conn for w in self._workers] + [w.process.sentinel for w in self._workers]
+        wait(handles, timeout=timeout)
+        for slot in range(len(self._workers)):
+            self._poll(slot, results)
 
     def _poll(self, slot: int, results: list) -> None:
         """Collect a worker's message, or handle its death, overrun or failed start-up."""
@@ -255,7 +328,8 @@ class VerifierPool:
         except (EOFError, OSError):
             has_msg, msg = False, None
         if has_msg and msg == _READY:
-            w.ready = True
+            w.mark_ready()
+            self._startup_failures[slot] = 0
             return
         if has_msg:
             index, value, event, error = msg
@@ -273,15 +347,31 @@ class VerifierPool:
             self._stats["timeouts"] += 1
             self._replace(slot)
         elif not w.ready and now >= w.started + self.startup_timeout_s:
-            raise RuntimeError(f"verifier worker did not start within {self.startup_timeout_s:.0f}s")
+            self._failed_start(slot, f"did not start within {self.startup_timeout_s:.0f}s")
+
+    def _failed_start(self, slot: int, what: str) -> None:
+        """Replace a worker that failed to start; the ``MAX_STARTUP_FAILURES``-th failure in a row
+        of this slot raises RuntimeError with the worker's start-up stderr."""
+        w = self._workers[slot]
+        self._startup_failures[slot] += 1
+        failures = self._startup_failures[slot]
+        if failures >= MAX_STARTUP_FAILURES:
+            stderr = w.stderr_tail()
+            w.kill()
+            raise RuntimeError(
+                f"verifier worker {slot} failed to start {failures} times in a row (last one {what}); "
+                "check that hacrl_megatron, the reward backend and any custom scorer import in a fresh "
+                f"process. Its stderr:\n{stderr or '(empty)'}"
+            )
+        logger.warning("verifier worker %d %s during start-up (failure %d of %d in a row): starting another",
+                       slot, what, failures, MAX_STARTUP_FAILURES)
+        self._replace(slot)
 
     def _on_dead(self, slot: int, results: list) -> None:
         w = self._workers[slot]
         if not w.ready:
-            raise RuntimeError(
-                f"verifier worker exited during start-up with code {w.process.exitcode}; "
-                "check that hacrl_megatron and the reward backend import in a fresh process"
-            )
+            self._failed_start(slot, w.exit_reason())
+            return
         if w.item is not None:
             logger.warning("verifier worker died (exit %s) on item %d: scored 0", w.process.exitcode, w.item)
             results[w.item] = 0.0

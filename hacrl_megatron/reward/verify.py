@@ -76,7 +76,9 @@ def check_integer(response: str, reference: str) -> float:
 def score_request_with_event(
     request: RewardRequest, mode: str = "math", math_verify_timeout_s: float = 5.0
 ) -> tuple[float, str | None]:
-    """Score one request; also return ``"guarded"`` when a safety screen changed how it was scored.
+    """Score one request, with an event: ``"guarded"`` when a safety screen changed how it was
+    scored, ``"timeout"`` when math-verify's own time limit stopped its check (the score is then the
+    exact match alone), else None.
 
     ``math_verify_timeout_s`` is math-verify's own limit per parse/verify call (main thread only).
     Raises PathologicalInputError for responses over ``MAX_RESPONSE_CHARS``.
@@ -94,7 +96,7 @@ def score_request_with_event(
     exact = check_math(request.response, request.reference)
     if mode == "math" or exact == 1.0:
         return exact, None
-    from hacrl_megatron.reward.math_verify_backend import looks_explosive, math_verify_equal
+    from hacrl_megatron.reward.math_verify_backend import looks_explosive, math_verify_verdict
 
     boxed = last_boxed_answer(request.response)
     # Screen what math-verify would read: the boxed answer when there is one, else the whole text.
@@ -103,7 +105,10 @@ def score_request_with_event(
     ):
         return exact, "guarded"
     text = "\\boxed{" + boxed + "}" if boxed is not None else request.response
-    return (1.0 if math_verify_equal(text, request.reference, math_verify_timeout_s) else 0.0), None
+    equal, timed_out = math_verify_verdict(text, request.reference, math_verify_timeout_s)
+    if equal:
+        return 1.0, None
+    return exact, ("timeout" if timed_out else None)  # math-verify's own alarm fired: counted as a timeout
 
 
 def score_request(request: RewardRequest, mode: str = "math") -> float:

@@ -1,0 +1,1 @@
+"""Fault-injection tests: damaged files, full disks, concurrent runs, interrupts, hostile inputs."""
