@@ -8,8 +8,8 @@ agent makes the same number of optimizer updates under every method; only the ro
 (GSPO×2 samples 2G responses per prompt, docs/algorithm.md §8). Runs of one seed share one SFT warm-up
 checkpoint: the warm-up cache key (trainer/pretrain.py ``warmup_dir``) covers ``train.seed`` and the
 agent configs but not ``hacpo.algorithm`` — checked before anything runs. Warm-ups run first, one
-task per seed (``pretrain_all``), then the RL runs, at most ``--jobs`` processes at a time, each with one
-torch thread. Each run lives in ``OUT/<method>-seed<seed>/``; a run whose ``metrics.jsonl`` reaches
+task per seed (``pretrain_all``), then the RL runs, in a pool of ``--jobs`` processes (a fresh process per
+run, one torch thread each; a seed's runs start once its warm-up is written). Each run lives in ``OUT/<method>-seed<seed>/``; a run whose ``metrics.jsonl`` reaches
 the final step and which has ``done.json`` is skipped on a re-run, an interrupted one resumes from
 its last checkpoint.
 
@@ -20,14 +20,19 @@ Outputs in ``OUT``: ``compare.md`` (table), ``compare.json`` (every number), ``c
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import math
+import multiprocessing
 import os
-import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+import traceback
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
@@ -46,13 +51,13 @@ class CompareError(ValueError):
     """A comparison cannot run as asked; the message names the option or file."""
 
 
-@dataclass
+@dataclass(frozen=True)
 class RunSpec:
     """One (method, seed) training run."""
 
     method: str
     seed: int
-    overrides: list[str]  # full override list handed to load_config
+    overrides: tuple[str, ...]  # full override list handed to load_config
     out_dir: Path
     exp: ExperimentConfig = field(repr=False)
 
@@ -79,9 +84,9 @@ def plan_runs(preset: str, methods: list[str], seeds: list[int], sets: list[str]
     for seed in seeds:
         for method in methods:
             run_dir = out / f"{method}-seed{seed}"
-            overrides = [*RUN_DEFAULTS, *sets, f"hacpo.algorithm={method}", f"train.seed={seed}",
-                         f"output_dir={run_dir}"]
-            exp = load_config(preset, overrides)
+            overrides = (*RUN_DEFAULTS, *sets, f"hacpo.algorithm={method}", f"train.seed={seed}",
+                         f"output_dir={run_dir}")
+            exp = load_config(preset, list(overrides))
             if not (exp.train.eval_every > 0 and exp.data.eval_size > 0):
                 raise CompareError("compare needs greedy evaluation: train.eval_every and data.eval_size must be > 0 "
                                    f"(got {exp.train.eval_every}, {exp.data.eval_size})")
@@ -158,124 +163,167 @@ def claim_dir(spec: RunSpec) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# tasks (run in a child process: `compare.py _task JSON`, or in-process with --jobs 1)
+# tasks (each in a fresh pool process, or all in this process with --jobs 1)
 
 
-def run_task(task: dict) -> None:
-    """Execute one task dict: {"kind": "warmup", preset, overrides, seed} or {"kind": "train", ...}."""
+@dataclass(frozen=True)
+class WarmupTask:
+    """Warm up every agent of one seed that needs it (the trainer's own cached ``pretrain_all``)."""
+
+    preset: str
+    overrides: tuple[str, ...]
+    seed: int
+    log: Path
+
+    @property
+    def label(self) -> str:
+        return f"warm-up seed {self.seed}"
+
+    def run(self) -> None:
+        from hacrl_megatron.trainer.pretrain import pretrain_all
+
+        for name, path in pretrain_all(load_config(self.preset, list(self.overrides))).items():
+            print(f"[warm-up {name}] checkpoint {path}", flush=True)
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """One (method, seed) run; writes ``done.json`` (history, rollouts, wall time) when it finishes."""
+
+    preset: str
+    overrides: tuple[str, ...]
+    seed: int
+    method: str
+    out_dir: Path
+    log: Path
+
+    @property
+    def label(self) -> str:
+        return f"{self.method} seed {self.seed}"
+
+    def run(self) -> None:
+        from hacrl_megatron.trainer.loop import train
+
+        exp = load_config(self.preset, list(self.overrides))
+        start = time.time()
+        run = train(exp)
+        done = {"method": self.method, "seed": self.seed, "steps": run.step, "wall_s": time.time() - start,
+                "history": run.history, "rollouts_per_agent": rollouts_per_agent(exp)}
+        (self.out_dir / "done.json").write_text(json.dumps(done, indent=1))
+
+
+Task = WarmupTask | TrainTask
+
+
+def run_task(task: Task) -> None:
+    """Execute one task with one torch thread (the comparison shares few cores between runs)."""
     import torch
 
-    torch.set_num_threads(1)  # the comparison shares few cores between parallel runs
-    exp = load_config(task["preset"], task["overrides"])
-    if task["kind"] == "warmup":
-        _warm_up(exp)
-    elif task["kind"] == "train":
-        _train(exp, Path(task["out_dir"]), task["method"], task["seed"])
-    else:
-        raise CompareError(f"task kind {task['kind']!r}: expected 'warmup' or 'train'")
+    from hacrl_megatron.cli import log_to_console
+
+    torch.set_num_threads(1)
+    log_to_console()  # the trainer's progress messages (warm-up accuracy, resume) go to the task's log
+    task.run()
 
 
-def _warm_up(exp: ExperimentConfig) -> None:
-    """Warm up every agent of ``exp`` that needs it, through the trainer's own cached entry point."""
-    from hacrl_megatron.trainer.pretrain import pretrain_all
-
-    for name, path in pretrain_all(exp).items():
-        print(f"[warm-up {name}] checkpoint {path}", flush=True)
-
-
-def _train(exp: ExperimentConfig, out_dir: Path, method: str, seed: int) -> None:
-    from hacrl_megatron.trainer.loop import train
-
-    start = time.time()
-    run = train(exp)
-    done = {"method": method, "seed": seed, "steps": run.step, "wall_s": time.time() - start,
-            "history": run.history, "rollouts_per_agent": rollouts_per_agent(exp)}
-    (out_dir / "done.json").write_text(json.dumps(done, indent=1))
-
-
-def _task_dicts(preset: str, specs: list[RunSpec], warm: dict[int, list[Path | None]]) -> list[tuple[dict, Path]]:
+def plan_tasks(preset: str, specs: list[RunSpec], warm: dict[int, list[Path | None]]) -> list[Task]:
     """Warm-up tasks first (one per seed that still lacks a checkpoint), then training tasks."""
-    tasks = []
-    first_of_seed = {}
+    tasks: list[Task] = []
+    first_of_seed: dict[int, RunSpec] = {}
     for spec in specs:
         first_of_seed.setdefault(spec.seed, spec)
     todo = [spec for spec in specs if not is_done(spec)]
     for seed, dirs in warm.items():
         if any(s.seed == seed for s in todo) and any(d is not None and not (d / "warmup.json").exists() for d in dirs):
             spec = first_of_seed[seed]
-            task = {"kind": "warmup", "preset": preset, "overrides": spec.overrides, "seed": seed}
-            tasks.append((task, spec.out_dir.parent / f"warmup-seed{seed}.log"))
+            tasks.append(WarmupTask(preset, spec.overrides, seed, spec.out_dir.parent / f"warmup-seed{seed}.log"))
     for spec in specs:
         if is_done(spec):
             print(f"[compare] {spec.name}: finished earlier, skipped", flush=True)
             continue
         claim_dir(spec)
-        task = {"kind": "train", "preset": preset, "overrides": spec.overrides, "out_dir": str(spec.out_dir),
-                "method": spec.method, "seed": spec.seed}
-        tasks.append((task, spec.out_dir / "train.log"))
+        tasks.append(TrainTask(preset, spec.overrides, spec.seed, spec.method, spec.out_dir, spec.out_dir / "train.log"))
     return tasks
 
 
-def execute(tasks: list[tuple[dict, Path]], jobs: int) -> None:
-    """Run tasks, at most ``jobs`` child processes at once; a seed's training waits for its warm-ups.
+def execute(tasks: list[Task], jobs: int) -> None:
+    """Run tasks: ``jobs == 1`` in this process (no start-up cost per run), else in a pool of ``jobs``
+    processes, a fresh one per task; a seed's training is submitted once its warm-up has finished.
 
-    ``jobs == 1`` runs everything in this process (no start-up cost per run). Raises RuntimeError
-    naming the log file of the first task that failed.
+    After a failure nothing new starts; running tasks finish. Raises RuntimeError naming the log
+    file of the first task that failed.
     """
+    for task in tasks:
+        task.log.parent.mkdir(parents=True, exist_ok=True)
     if jobs == 1:
-        for task, log in tasks:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            print(f"[compare] {_label(task)} (log {log})", flush=True)
-            _run_logged(task, log)
+        for task in tasks:
+            print(f"[compare] {task.label} (log {task.log})", flush=True)
+            _run_logged(task)
         return
-    pending, running, failed = list(tasks), [], []
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    while pending or running:
-        for item in [r for r in running if r[0].poll() is not None]:
-            running.remove(item)
-            proc, task, log, t0 = item
-            status = "done" if proc.returncode == 0 else f"FAILED (exit {proc.returncode})"
-            print(f"[compare] {_label(task)}: {status} in {time.time() - t0:.0f} s", flush=True)
-            if proc.returncode != 0:
-                failed.append((task, log))
-        busy_seeds = {t["seed"] for _, t, _, _ in running if t["kind"] == "warmup"}
-        warm_waiting = {t["seed"] for t, _ in pending if t["kind"] == "warmup"}
-        for item in list(pending):
-            task, log = item
-            if len(running) >= jobs or failed:
-                break
-            if task["kind"] == "train" and task["seed"] in busy_seeds | warm_waiting:
-                continue  # its warm-up checkpoint is not written yet
-            pending.remove(item)
-            log.parent.mkdir(parents=True, exist_ok=True)
-            with open(log, "w") as fh:
-                proc = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "_task", json.dumps(task)],
-                                        stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
-            running.append((proc, task, log, time.time()))
-            print(f"[compare] started {_label(task)} (log {log})", flush=True)
-        if failed and not running:
-            break
-        time.sleep(0.5)
+    warm_seeds = {t.seed for t in tasks if isinstance(t, WarmupTask)}
+    waiting = [t for t in tasks if isinstance(t, TrainTask) and t.seed in warm_seeds]
+    failed: list[Task] = []
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"),
+                               max_tasks_per_child=1, initializer=_single_threaded)
+    with pool:
+        running = {_submit(pool, t): (t, time.time()) for t in tasks if t not in waiting}
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                task, t0 = running.pop(future)
+                if future.cancelled():
+                    continue
+                err = future.exception()
+                status = "done" if err is None else f"FAILED ({type(err).__name__}: {err})"
+                print(f"[compare] {task.label}: {status} in {time.time() - t0:.0f} s", flush=True)
+                if err is not None:
+                    failed.append(task)
+                    for other in running:  # nothing new starts after a failure
+                        other.cancel()
+                elif isinstance(task, WarmupTask) and not failed:
+                    ready = [t for t in waiting if t.seed == task.seed]
+                    waiting = [t for t in waiting if t.seed != task.seed]
+                    running.update({_submit(pool, t): (t, time.time()) for t in ready})
     if failed:
-        task, log = failed[0]
-        raise RuntimeError(f"{_label(task)} failed; see {log}:\n{_tail(log)}")
+        raise RuntimeError(f"{failed[0].label} failed; see {failed[0].log}:\n{_tail(failed[0].log)}")
 
 
-def _run_logged(task: dict, log: Path) -> None:
-    import contextlib
+def _submit(pool: ProcessPoolExecutor, task: Task) -> Future:
+    print(f"[compare] started {task.label} (log {task.log})", flush=True)
+    return pool.submit(_run_in_child, task)
 
-    with open(log, "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
+
+def _single_threaded() -> None:
+    """Pool initializer: one OpenMP/MKL thread, set before the task imports torch."""
+    os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+
+
+def _run_in_child(task: Task) -> None:
+    """A pool process's whole output (Python and native) goes to the task's log."""
+    with open(task.log, "w") as fh:
+        os.dup2(fh.fileno(), 1)
+        os.dup2(fh.fileno(), 2)
+        try:
+            run_task(task)
+        except BaseException:
+            traceback.print_exc()
+            raise
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+
+
+def _run_logged(task: Task) -> None:
+    log = logging.getLogger("hacrl_megatron")
+    handlers, level = list(log.handlers), log.level  # run_task adds a console handler: undone afterwards
+    with open(task.log, "w") as fh, contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
         try:
             run_task(task)
         except Exception as err:
             print(f"{type(err).__name__}: {err}", file=fh)
             raise
-
-
-def _label(task: dict) -> str:
-    if task["kind"] == "warmup":
-        return f"warm-up seed {task['seed']}"
-    return f"{task['method']} seed {task['seed']}"
+        finally:
+            log.handlers[:], log.level = handlers, level
 
 
 def _tail(path: Path, lines: int = 20) -> str:
@@ -286,7 +334,75 @@ def _tail(path: Path, lines: int = 20) -> str:
 # results
 
 
-def run_result(spec: RunSpec) -> dict:
+@dataclass(frozen=True)
+class AgentRun:
+    """One agent in one finished run: greedy accuracy at each evaluated step, mean clip fractions."""
+
+    steps: list[int]
+    accuracy: list[float]
+    start: float
+    final: float
+    cross_clipfrac_mean: float | None
+    self_clipfrac_mean: float | None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """One finished (method, seed) run, as ``compare.json``'s ``runs`` entries store it."""
+
+    method: str
+    seed: int
+    final_step: int
+    rollouts_per_agent: int
+    wall_s: float | None
+    rollout_train_s_per_step: float | None
+    agents: dict[str, AgentRun]
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RunResult:
+        return cls(**{**data, "agents": {k: AgentRun(**v) for k, v in data["agents"].items()}})
+
+
+@dataclass(frozen=True)
+class AgentSummary:
+    """One agent under one method over seeds: (mean, std) of start, final and their difference."""
+
+    final: tuple[float, float]
+    start: tuple[float, float]
+    delta: tuple[float, float]
+    final_per_seed: list[float]
+    start_per_seed: list[float]
+    rollouts: int
+    curve_steps: list[int]
+    curve_mean: list[float]
+    cross_clipfrac_mean: float | None
+    self_clipfrac_mean: float | None
+
+
+@dataclass(frozen=True)
+class MethodSummary:
+    """One method over seeds, as ``compare.json``'s ``summary`` values store it."""
+
+    agents: dict[str, AgentSummary]
+    seeds: list[int]
+    wall_s_mean: float | None
+    rollout_train_s_per_step: float | None
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> MethodSummary:
+        agents = {name: AgentSummary(**{**a, **{k: tuple(a[k]) for k in ("final", "start", "delta")}})
+                  for name, a in data["agents"].items()}
+        return cls(**{**data, "agents": agents})
+
+
+def load_results(path: Path) -> tuple[dict[str, MethodSummary], list[RunResult]]:
+    """The summary and runs of a ``compare.json`` (e.g. benchmarks/COMPARE_cpu_demo.json)."""
+    data = json.loads(Path(path).read_text())
+    summary = {method: MethodSummary.from_json(entry) for method, entry in data["summary"].items()}
+    return summary, [RunResult.from_json(r) for r in data["runs"]]
+
+
+def run_result(spec: RunSpec) -> RunResult:
     """Per-agent greedy accuracy curve, start/final values, rollouts and timing of one finished run."""
     from hacrl_megatron.trainer.metrics import read_metrics
 
@@ -306,14 +422,15 @@ def run_result(spec: RunSpec) -> dict:
         clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if spec.method == "hacpo"
                 and f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
         self_clip = [r[f"{agent.name}/hacpo/self_clipfrac"] for r in rows if f"{agent.name}/hacpo/self_clipfrac" in r]
-        agents[agent.name] = {"steps": [s for s, _ in curve], "accuracy": [v for _, v in curve],
-                              "start": curve[0][1], "final": curve[-1][1],
-                              "cross_clipfrac_mean": _mean_or_none(clip), "self_clipfrac_mean": _mean_or_none(self_clip)}
+        agents[agent.name] = AgentRun(steps=[s for s, _ in curve], accuracy=[v for _, v in curve],
+                                      start=curve[0][1], final=curve[-1][1],
+                                      cross_clipfrac_mean=_mean_or_none(clip),
+                                      self_clipfrac_mean=_mean_or_none(self_clip))
     step_times = [r["time/rollout_s"] + r["time/train_s"] for r in rows if "time/train_s" in r]
-    return {"method": spec.method, "seed": spec.seed, "final_step": int(rows[-1]["step"]),
-            "rollouts_per_agent": rollouts_per_agent(spec.exp), "wall_s": done.get("wall_s"),
-            "rollout_train_s_per_step": sum(step_times) / len(step_times) if step_times else None,
-            "agents": agents}
+    return RunResult(method=spec.method, seed=spec.seed, final_step=int(rows[-1]["step"]),
+                     rollouts_per_agent=rollouts_per_agent(spec.exp), wall_s=done.get("wall_s"),
+                     rollout_train_s_per_step=sum(step_times) / len(step_times) if step_times else None,
+                     agents=agents)
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -324,57 +441,55 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return mean, std
 
 
-def summarise(results: list[dict], methods: list[str], agent_names: list[str]) -> dict:
-    """method → agent → {final, start, delta: (mean, std) over seeds, rollouts, seeds}, plus mean curves."""
+def summarise(results: list[RunResult], methods: list[str], agent_names: list[str]) -> dict[str, MethodSummary]:
+    """method → agent → final, start, delta as (mean, std) over seeds, rollouts, seeds, mean curves."""
     table = {}
     for method in methods:
-        mine = [r for r in results if r["method"] == method]
+        mine = [r for r in results if r.method == method]
         rows = {}
         for name in agent_names:
-            finals = [r["agents"][name]["final"] for r in mine]
-            starts = [r["agents"][name]["start"] for r in mine]
-            steps = mine[0]["agents"][name]["steps"]
-            curves = [r["agents"][name]["accuracy"] for r in mine if r["agents"][name]["steps"] == steps]
-            rows[name] = {
-                "final": mean_std(finals), "start": mean_std(starts),
-                "delta": mean_std([f - s for f, s in zip(finals, starts)]),
-                "final_per_seed": finals, "start_per_seed": starts,
-                "rollouts": mine[0]["rollouts_per_agent"],
-                "curve_steps": steps, "curve_mean": [sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
-                "cross_clipfrac_mean": _mean_or_none([r["agents"][name]["cross_clipfrac_mean"] for r in mine]),
-                "self_clipfrac_mean": _mean_or_none([r["agents"][name]["self_clipfrac_mean"] for r in mine]),
-            }
-        wall = [r["wall_s"] for r in mine if r["wall_s"] is not None]
-        sps = [r["rollout_train_s_per_step"] for r in mine if r["rollout_train_s_per_step"] is not None]
-        table[method] = {"agents": rows, "seeds": [r["seed"] for r in mine],
-                         "wall_s_mean": _mean_or_none(wall), "rollout_train_s_per_step": _mean_or_none(sps)}
+            runs = [r.agents[name] for r in mine]
+            finals, starts, steps = [a.final for a in runs], [a.start for a in runs], runs[0].steps
+            curves = [a.accuracy for a in runs if a.steps == steps]
+            rows[name] = AgentSummary(
+                final=mean_std(finals), start=mean_std(starts),
+                delta=mean_std([f - s for f, s in zip(finals, starts)]),
+                final_per_seed=finals, start_per_seed=starts, rollouts=mine[0].rollouts_per_agent,
+                curve_steps=steps, curve_mean=[sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
+                cross_clipfrac_mean=_mean_or_none([a.cross_clipfrac_mean for a in runs]),
+                self_clipfrac_mean=_mean_or_none([a.self_clipfrac_mean for a in runs]),
+            )
+        table[method] = MethodSummary(
+            agents=rows, seeds=[r.seed for r in mine], wall_s_mean=_mean_or_none([r.wall_s for r in mine]),
+            rollout_train_s_per_step=_mean_or_none([r.rollout_train_s_per_step for r in mine]))
     return table
 
 
-def _mean_or_none(values: list) -> float | None:
+def _mean_or_none(values: list[float | None]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
 
-def markdown_table(summary: dict, agent_names: list[str]) -> str:
+def markdown_table(summary: dict[str, MethodSummary], agent_names: list[str]) -> str:
     """One row per (method, agent): final greedy accuracy, change from start, rollouts (mean ± std over seeds)."""
     lines = ["| method | agent | start | final greedy acc. | Δ from start | rollouts / agent | seeds |",
              "|---|---|---|---|---|---|---|"]
     for method, entry in summary.items():
         for name in agent_names:
-            a = entry["agents"][name]
-            lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a['start'][0]:.3f} | "
-                         f"{a['final'][0]:.3f} ± {a['final'][1]:.3f} | {a['delta'][0]:+.3f} ± {a['delta'][1]:.3f} | "
-                         f"{a['rollouts']} | {len(entry['seeds'])} |")
+            a = entry.agents[name]
+            lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a.start[0]:.3f} | "
+                         f"{a.final[0]:.3f} ± {a.final[1]:.3f} | {a.delta[0]:+.3f} ± {a.delta[1]:.3f} | "
+                         f"{a.rollouts} | {len(entry.seeds)} |")
     lines += ["", "| method | wall s per run (mean) | rollout+train s per step | self clip fraction | "
               "cross clip fraction |", "|---|---|---|---|---|"]
     for method, entry in summary.items():
         clips = []
         for key in ("self_clipfrac_mean", "cross_clipfrac_mean"):
-            values = [f"{n} {entry['agents'][n][key]:.2f}" for n in agent_names if entry["agents"][n][key] is not None]
+            values = [f"{n} {getattr(entry.agents[n], key):.2f}" for n in agent_names
+                      if getattr(entry.agents[n], key) is not None]
             clips.append(", ".join(values) or "n/a")
-        lines.append(f"| {METHOD_LABELS.get(method, method)} | {_fmt(entry['wall_s_mean'], '.0f')} | "
-                     f"{_fmt(entry['rollout_train_s_per_step'], '.2f')} | {clips[0]} | {clips[1]} |")
+        lines.append(f"| {METHOD_LABELS.get(method, method)} | {_fmt(entry.wall_s_mean, '.0f')} | "
+                     f"{_fmt(entry.rollout_train_s_per_step, '.2f')} | {clips[0]} | {clips[1]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -382,7 +497,7 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
+def plot_summary(summary: dict[str, MethodSummary], agent_names: list[str], path: Path) -> None:
     """Bar chart of final accuracy (±std error bars) and seed-mean greedy learning curves, one panel per agent."""
     import matplotlib
 
@@ -394,8 +509,8 @@ def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
     width = 0.8 / len(methods)
     ax = axes[0]
     for j, method in enumerate(methods):
-        means = [summary[method]["agents"][n]["final"][0] for n in agent_names]
-        stds = [summary[method]["agents"][n]["final"][1] for n in agent_names]
+        means = [summary[method].agents[n].final[0] for n in agent_names]
+        stds = [summary[method].agents[n].final[1] for n in agent_names]
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(agent_names))]
         ax.bar(xs, means, width, yerr=stds, capsize=4, label=METHOD_LABELS.get(method, method))
     ax.set_xticks(range(len(agent_names)), agent_names)
@@ -404,8 +519,8 @@ def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
     ax.legend(fontsize=8)
     for ax, name in zip(axes[1:], agent_names):
         for method in methods:
-            a = summary[method]["agents"][name]
-            ax.plot(a["curve_steps"], a["curve_mean"], marker="o", ms=3, label=METHOD_LABELS.get(method, method))
+            a = summary[method].agents[name]
+            ax.plot(a.curve_steps, a.curve_mean, marker="o", ms=3, label=METHOD_LABELS.get(method, method))
         ax.set_title(f"{name}: greedy eval accuracy (seed mean)")
         ax.set_xlabel("RL step")
         ax.set_ylabel("accuracy")
@@ -416,14 +531,15 @@ def plot_summary(summary: dict, agent_names: list[str], path: Path) -> None:
     plt.close(fig)
 
 
-def write_outputs(specs: list[RunSpec], out: Path, methods: list[str]) -> dict:
+def write_outputs(specs: list[RunSpec], out: Path, methods: list[str]) -> dict[str, MethodSummary]:
     """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary."""
     agent_names = [a.name for a in specs[0].exp.agents]
     results = [run_result(s) for s in specs]
     summary = summarise(results, methods, agent_names)
     table = markdown_table(summary, agent_names)
     (out / "compare.md").write_text(table)
-    (out / "compare.json").write_text(json.dumps({"summary": summary, "runs": results}, indent=1))
+    data = {"summary": {m: asdict(entry) for m, entry in summary.items()}, "runs": [asdict(r) for r in results]}
+    (out / "compare.json").write_text(json.dumps(data, indent=1))
     plot_summary(summary, agent_names, out / "compare.png")
     return summary
 
@@ -449,7 +565,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
     """Plan, warm up, train (skipping finished runs), then write the table and plot; returns the summary."""
     args = parse_args(argv)
     out = args.out.resolve()
@@ -459,7 +575,7 @@ def main(argv: list[str] | None = None) -> dict:
         shared = ", ".join(str(d) if d else "none (no warm-up)" for d in dirs)
         print(f"[compare] seed {seed}: every method starts from warm-up {shared}", flush=True)
     start = time.time()
-    execute(_task_dicts(args.preset, specs, warm), args.jobs)
+    execute(plan_tasks(args.preset, specs, warm), args.jobs)
     summary = write_outputs(specs, out, args.methods)
     print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
     print((out / "compare.md").read_text())
@@ -467,8 +583,5 @@ def main(argv: list[str] | None = None) -> dict:
     return summary
 
 
-if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "_task":  # a child process started by execute()
-        run_task(json.loads(sys.argv[2]))
-    else:
-        main()
+if __name__ == "__main__":  # guarded: the pool's spawned processes import this file as a module
+    main()

@@ -1,15 +1,20 @@
 """tools/compare.py: a tiny real comparison (2 steps, 1 seed, hf backend, no warm-up), shared
 warm-up checkpoints across methods, resumability and input errors."""
 
+import importlib
 import json
 import time
+from dataclasses import asdict
+from pathlib import Path
 
 import pytest
 
 from hacrl_megatron.config import ConfigError
-from tests.unit.tool_loading import load_tool
 
-cmp = load_tool("compare")
+# imported by its package path (tools/ is a namespace package under the repository root), so the
+# pool's spawned processes can import the task records and functions too
+cmp = importlib.import_module("tools.compare")
+BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 P, G, STEPS = 2, 2, 2
 TINY = [
     "agents.0.backend=hf", "agents.1.backend=hf", "train.sft_warmup=false",
@@ -33,15 +38,15 @@ def test_table_has_every_method_and_agent_and_right_rollout_counts(tiny_compare)
     out, summary, _ = tiny_compare
     assert list(summary) == ["hacpo", "gspo_x2", "naive"]
     for method, entry in summary.items():
-        assert set(entry["agents"]) == {"llama", "qwen3"}
+        assert set(entry.agents) == {"llama", "qwen3"}
         g = 2 * G if method == "gspo_x2" else G
-        for a in entry["agents"].values():
-            assert a["rollouts"] == P * g * STEPS
-            assert a["curve_steps"] == [0, 1, 2]  # eval every step, start included
-            assert a["delta"][0] == pytest.approx(a["final"][0] - a["start"][0])
+        for a in entry.agents.values():
+            assert a.rollouts == P * g * STEPS
+            assert a.curve_steps == [0, 1, 2]  # eval every step, start included
+            assert a.delta[0] == pytest.approx(a.final[0] - a.start[0])
     for agent in ("llama", "qwen3"):  # one seed, one starting checkpoint: identical step-0 greedy accuracy
-        assert len({tuple(summary[m]["agents"][agent]["start_per_seed"]) for m in summary}) == 1
-    assert summary["gspo_x2"]["agents"]["llama"]["rollouts"] == 2 * summary["hacpo"]["agents"]["llama"]["rollouts"]
+        assert len({tuple(summary[m].agents[agent].start_per_seed) for m in summary}) == 1
+    assert summary["gspo_x2"].agents["llama"].rollouts == 2 * summary["hacpo"].agents["llama"].rollouts
     table = (out / "compare.md").read_text()
     for label in ("HACPO", "GSPO×2", "Naive"):
         for agent in ("llama", "qwen3"):
@@ -49,6 +54,8 @@ def test_table_has_every_method_and_agent_and_right_rollout_counts(tiny_compare)
     assert f"| {P * 2 * G * STEPS} |" in table
     stored = json.loads((out / "compare.json").read_text())
     assert {(r["method"], r["seed"]) for r in stored["runs"]} == {("hacpo", 0), ("gspo_x2", 0), ("naive", 0)}
+    assert stored["summary"]["hacpo"]["agents"]["llama"]["rollouts"] == P * G * STEPS
+    assert cmp.load_results(out / "compare.json")[0] == summary
     assert (out / "compare.png").read_bytes().startswith(b"\x89PNG")
 
 
@@ -72,7 +79,7 @@ def test_rerun_skips_finished_runs(tiny_compare, capsys):
     assert time.perf_counter() - start < first_s
     assert capsys.readouterr().out.count("finished earlier, skipped") == 3
     assert {p: p.read_bytes() for p in out.glob("*/metrics.jsonl")} == before
-    assert json.loads(json.dumps(again)) == json.loads(json.dumps(summary))
+    assert again == summary
 
 
 def test_a_folder_holding_a_different_run_is_refused(tiny_compare):
@@ -92,18 +99,19 @@ def test_methods_of_a_seed_share_the_warmup_checkpoint(tmp_path, monkeypatch):
         assert len(dirs) == 2 and all(d is not None and d.parent == tmp_path / "cache" / "warmup" for d in dirs)
         assert all(cmp.warmup_dirs(s) == dirs for s in specs if s.seed == seed)
     assert warm[0] != warm[1]  # the key includes train.seed
-    tasks = [t for t, _ in cmp._task_dicts("cpu_demo", specs, warm)]
-    assert [(t["kind"], t["seed"]) for t in tasks[:2]] == [("warmup", 0), ("warmup", 1)]  # one per seed, first
-    assert [(t["method"], t["seed"]) for t in tasks[2:]] == [(s.method, s.seed) for s in specs]
+    tasks = cmp.plan_tasks("cpu_demo", specs, warm)
+    assert [(type(t), t.seed) for t in tasks[:2]] == [(cmp.WarmupTask, 0), (cmp.WarmupTask, 1)]  # one per seed, first
+    assert [(t.method, t.seed) for t in tasks[2:]] == [(s.method, s.seed) for s in specs]
+    assert tasks[2].log == specs[0].out_dir / "train.log" and tasks[0].log == tmp_path / "warmup-seed0.log"
     for d in warm[0]:  # seed 0 cached: only seed 1 still needs a warm-up task
         d.mkdir(parents=True)
         (d / "warmup.json").write_text("{}")
-    assert [t["seed"] for t, _ in cmp._task_dicts("cpu_demo", specs, warm) if t["kind"] == "warmup"] == [1]
+    assert [t.seed for t in cmp.plan_tasks("cpu_demo", specs, warm) if isinstance(t, cmp.WarmupTask)] == [1]
     for spec in specs:  # seed 1 finished (e.g. a re-run for the table): neither warm-up nor training again
         if spec.seed == 1:
             (spec.out_dir / "done.json").write_text("{}")
             (spec.out_dir / "metrics.jsonl").write_text(json.dumps({"step": spec.exp.train.steps}) + "\n")
-    assert {t["seed"] for t, _ in cmp._task_dicts("cpu_demo", specs, warm)} == {0}
+    assert {t.seed for t in cmp.plan_tasks("cpu_demo", specs, warm)} == {0}
 
 
 def test_bad_inputs_raise_clear_errors(tmp_path):
@@ -119,6 +127,19 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
         cmp.plan_runs("cpu_demo", ["hacpo"], [0, 0], [], tmp_path)
 
 
+@pytest.mark.parametrize("name", ["COMPARE_cpu_demo.json", "COMPARE_cpu_demo_hf.json"])
+def test_stored_results_load_into_records_and_write_back_unchanged(name):
+    text = (BENCHMARKS / name).read_text()
+    summary, runs = cmp.load_results(BENCHMARKS / name)
+    again = {"summary": {m: asdict(e) for m, e in summary.items()}, "runs": [asdict(r) for r in runs]}
+    assert json.dumps(again, indent=1) == json.dumps(json.loads(text), indent=1)
+    agents = list(runs[0].agents)
+    assert cmp.summarise(runs, list(summary), agents) == summary  # the stored summary follows from the runs
+    if name == "COMPARE_cpu_demo.json":  # the report quotes the generated tables
+        report = (BENCHMARKS / "COMPARE_cpu_demo.md").read_text()
+        assert all(line in report for line in cmp.markdown_table(summary, agents).splitlines())
+
+
 def test_mean_std_is_unbiased():
     assert cmp.mean_std([0.5, 0.7, 0.9]) == pytest.approx((0.7, 0.2))
     assert cmp.mean_std([0.4]) == (0.4, 0.0)
@@ -130,6 +151,14 @@ def test_parallel_child_processes_give_the_same_table_as_in_process(tiny_compare
     parallel = cmp.main(["--seeds", "0", "--out", str(tmp_path / "par"), "--jobs", "2", "--set", *TINY])
     for method in summary:
         for agent in ("llama", "qwen3"):
-            a, b = summary[method]["agents"][agent], parallel[method]["agents"][agent]
-            assert (a["curve_steps"], a["curve_mean"], a["rollouts"]) == (b["curve_steps"], b["curve_mean"], b["rollouts"])
-    assert (tmp_path / "par" / "gspo_x2-seed0" / "train.log").exists()
+            a, b = summary[method].agents[agent], parallel[method].agents[agent]
+            assert (a.curve_steps, a.curve_mean, a.rollouts) == (b.curve_steps, b.curve_mean, b.rollouts)
+    assert "step" in (tmp_path / "par" / "gspo_x2-seed0" / "train.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_failing_pool_task_names_its_log(tmp_path):
+    bad = cmp.TrainTask("no_such_preset", (), 0, "hacpo", tmp_path / "run", tmp_path / "run" / "train.log")
+    with pytest.raises(RuntimeError, match=r"hacpo seed 0 failed; see .*train.log"):
+        cmp.execute([bad], jobs=2)
+    assert "no_such_preset" in bad.log.read_text()  # the child's traceback is in the log
