@@ -7,7 +7,8 @@ reference, e.g. ``RankWorker.train``, never by a method-name string), plus the s
 (where am I placed, a free rendezvous port, join the world) and the bucketed weight export.
 
 This module imports neither Ray nor megatron at import time: ``ray.remote`` wraps the class on the
-controller (:func:`remote_worker_class`) and the LocalAgent is built inside the actor.
+controller (:func:`remote_worker_class`), and megatron loads when the LocalAgent is built inside the
+actor.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.local import LocalAgent
 from hacrl_megatron.config import AgentConfig, TrainConfig
 
 
@@ -80,7 +82,7 @@ class RankWorker:
 
     def __init__(self, agent_name: str) -> None:
         self.agent_name = agent_name
-        self._local: Any = None  # the LocalAgent, once setup() ran
+        self._local: LocalAgent | None = None  # once setup() ran
         self._export: Iterator[tuple[str, torch.Tensor]] | None = None
 
     # ---- start-up --------------------------------------------------------------------------
@@ -107,8 +109,6 @@ class RankWorker:
         os.environ.update(cfg.env)  # before torch touches CUDA: CUDA_VISIBLE_DEVICES / LOCAL_RANK apply
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
-        from hacrl_megatron.agents.local import LocalAgent  # megatron: imported in the actor only
-
         if isinstance(hf_checkpoint, SharedStateDict):
             hf_checkpoint = hf_checkpoint.to_tensors()
         self._local = LocalAgent(cfg.agent_cfg, cfg.train_cfg, vocab_size=cfg.vocab_size,

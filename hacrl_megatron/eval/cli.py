@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+from hacrl_megatron.eval.evaluate import EvalSettings, markdown_table, write_results
+from hacrl_megatron.eval.run import EvalData, run_eval
+from hacrl_megatron.reward.pool import VerifierPool
+
 logger = logging.getLogger(__name__)
 
 
@@ -65,10 +69,6 @@ def _per_agent(values: list[str] | None, agents: list[str], flag: str) -> list[s
 
 def main(args: argparse.Namespace) -> int:
     """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
-    from hacrl_megatron.eval.evaluate import EvalSettings, markdown_table, write_results
-    from hacrl_megatron.eval.run import EvalData, run_eval
-    from hacrl_megatron.reward.pool import VerifierPool
-
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     names = _per_agent(args.name, args.agent, "--name")
     if args.name and len(args.name) == 1 and len(args.agent) > 1:

