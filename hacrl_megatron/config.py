@@ -32,6 +32,7 @@ ENGINES = ("hf", "sglang")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+WEIGHT_SYNC_MODES = ("auto", "disk", "tensor", "distributed")
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
 
@@ -91,7 +92,8 @@ class AgentConfig:
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
     warmup_sft_max_steps: int = 2000
     warmup_sft_batch: int = 128  # sequences per warm-up update
-    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang server
+    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang servers: k ·
+    # rollout.sglang_tp ids start k engines (consecutive groups of sglang_tp); empty: one engine, GPUs inherited
 
 
 @dataclass
@@ -109,7 +111,12 @@ class RolloutConfig:
     sglang_tp: int = 1  # tensor-parallel size of each agent's server
     sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
     sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags
-    weight_sync: str = "disk"  # disk (safetensors folder the server reloads) | tensor (colocated CUDA IPC)
+    weight_sync: str = "auto"  # trainer → SGLang transport: disk (safetensors folder the servers reload) |
+    # tensor (CUDA IPC; needs colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank) |
+    # auto (tensor when colocate, else distributed)
+    weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
+    colocate: bool = False  # SGLang engines share the trainer's GPUs: they release their memory while the
+    # trainer trains and resume it for the sync (servers start with --enable-memory-saver)
     sglang_command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
     # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
     sglang_python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g.
@@ -415,6 +422,13 @@ def sglang_python(r: RolloutConfig) -> str:
     return r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
 
 
+def resolve_weight_sync(r: RolloutConfig) -> str:
+    """``rollout.weight_sync`` with auto resolved: tensor when colocated, else distributed."""
+    if r.weight_sync != "auto":
+        return r.weight_sync
+    return "tensor" if r.colocate else "distributed"
+
+
 def validate_sglang_python(r: RolloutConfig) -> None:
     """The SGLang interpreter must be an executable file (checked before any server starts)."""
     if r.sglang_command:  # a custom launcher replaces the whole command line, interpreter included
@@ -456,15 +470,24 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
-    _one_of("rollout.weight_sync", r.weight_sync, ("disk", "tensor"))
+    _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)
+    _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
+    _rule(not r.colocate or r.engine == "sglang", "rollout.colocate", r.colocate,
+          "only SGLang engines are separate servers that can share the trainer's GPUs (rollout.engine: sglang)")
+    _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
+          "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
+    _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
+          "colocated servers share the trainer's GPUs and NCCL cannot put two ranks of one group on one GPU: "
+          "use tensor (or auto)")
     _rule(r.sglang_tp >= 1, "rollout.sglang_tp", r.sglang_tp, "must be >= 1")
     if r.engine == "sglang":
         validate_sglang_python(r)
     _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
     for i, agent in enumerate(cfg.agents):
         ids = agent.rollout_gpu_ids
-        _rule(not ids or len(ids) == r.sglang_tp, f"agents.{i}.rollout_gpu_ids", ids,
-              f"needs one GPU per SGLang TP rank (rollout.sglang_tp={r.sglang_tp})")
+        _rule(len(ids) % r.sglang_tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
+              f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang_tp={r.sglang_tp} (one engine per group)")
+        _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
     _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,
           "G must be >= 2: group baselines need at least two samples")
     _rule(r.temperature > 0, "rollout.temperature", r.temperature, "must be > 0")

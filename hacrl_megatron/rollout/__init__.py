@@ -2,18 +2,28 @@
 
 ``out = engine.generate(prompt_ids, SamplingParams(n=G, temperature=1.0))`` gives ``out[i][j]``,
 sample j of prompt i, as a :class:`Completion` (ids without the ending eos; finish_reason says how
-it ended). On GPU, :class:`SGLangServer` launches one server per agent partition and
-:class:`SGLangEngine` talks to it. After each optimizer step the trainer calls ``engine.load_weights(hf_named_tensors)``.
+it ended). On GPU, :class:`SGLangServer` launches a server per engine, :class:`SGLangEngine` talks to
+one, and :class:`EnginePool` drives all engines of an agent (balanced generation, restarts, weight
+sync through a transport of ``sync/``). After each optimizer step the trainer calls
+``engine.sync_from(agent.export_hf_weights)``.
 """
 
+from hacrl_megatron.rollout.engine_pool import EnginePool
 from hacrl_megatron.rollout.hf_engine import HFEngine, hf_sequence_logprob
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError, SGLangUnreachable
 from hacrl_megatron.rollout.sglang_server import SGLangServer, SGLangServerError
-from hacrl_megatron.rollout.types import COMPLETION_FINISH_REASONS, Completion, RolloutEngine, SamplingParams
+from hacrl_megatron.rollout.types import (
+    COMPLETION_FINISH_REASONS,
+    Completion,
+    RolloutEngine,
+    SamplingParams,
+    TrainingEngine,
+)
 
 __all__ = [
     "COMPLETION_FINISH_REASONS",
     "Completion",
+    "EnginePool",
     "HFEngine",
     "RolloutEngine",
     "SGLangEngine",
@@ -22,5 +32,6 @@ __all__ = [
     "SGLangServerError",
     "SGLangUnreachable",
     "SamplingParams",
+    "TrainingEngine",
     "hf_sequence_logprob",
 ]

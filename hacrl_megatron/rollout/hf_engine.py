@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -196,6 +196,23 @@ class HFEngine:
                 count += 1
         self._weight_loads += 1
         return count
+
+    def sync_from(self, export: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> int:
+        """:meth:`load_weights` of ``export()`` (an in-process model never needs a restore)."""
+        return self.load_weights(export())
+
+    def sequence_logprob(self, prompt_ids: list[int], response_ids: list[int]) -> float:
+        """Σ log π(response | prompt) at temperature 1 (nats): :func:`hf_sequence_logprob`."""
+        return hf_sequence_logprob(self.model, prompt_ids, response_ids)
+
+    def release_memory(self) -> None:
+        """Nothing: the in-process model is not a separate server holding its own GPU memory."""
+
+    def resume_memory(self) -> None:
+        """Nothing (see :meth:`release_memory`)."""
+
+    def close(self) -> None:
+        """Nothing to stop."""
 
     def stats(self) -> dict[str, Any]:
         """tokens (generated, incl. the eos/stop token that ended a response), seconds, tokens_per_s,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -96,4 +96,65 @@ class RolloutEngine(Protocol):
 
     def stats(self) -> dict[str, Any]:
         """Counters since creation: tokens generated, seconds spent generating, tokens/s."""
+        ...
+
+
+@runtime_checkable
+class TrainingEngine(RolloutEngine, Protocol):
+    """A rollout engine that follows a trainer (the HACRL loop's engines): weight sync from the
+    trainer, the post-sync check, GPU memory hand-over, shutdown."""
+
+    def sync_from(self, export: Callable[[], Iterable[tuple[str, torch.Tensor]]]) -> int:
+        """Load ``export()``'s HF-named full tensors (one call per sync; the engine may call
+        ``export`` again later to restore a restarted server). Returns the number of tensors."""
+        ...
+
+    def sequence_logprob(self, prompt_ids: list[int], response_ids: list[int]) -> float:
+        """Σ log π(response | prompt) of the raw model (temperature 1), nats: the weight-sync check."""
+        ...
+
+    def release_memory(self) -> None:
+        """Give GPU memory back while the trainer trains (engines colocated with it); else nothing."""
+        ...
+
+    def resume_memory(self) -> None:
+        """Take the memory back (also done implicitly by the next generate or sync)."""
+        ...
+
+    def close(self) -> None:
+        """Stop what the engine started (servers, process groups); idempotent."""
+        ...
+
+
+@runtime_checkable
+class Endpoint(Protocol):
+    """One rollout server as a weight transport sees it (an :class:`~hacrl_megatron.rollout.SGLangEngine`)."""
+
+    base_url: str
+    tp_size: int
+
+    def post(self, path: str, payload: dict[str, Any] | None = None) -> Any:
+        """POST ``payload`` as JSON; the parsed reply. Raises on HTTP errors and ``success: false``."""
+        ...
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    """Moves HF-named tensors from the trainer into rollout servers (implementations: ``sync/``)."""
+
+    name: str
+
+    def push(self, engines: Sequence[Endpoint], named_tensors: Iterable[tuple[str, torch.Tensor]],
+             version: int) -> int:
+        """Load ``named_tensors`` into every engine as weight version ``version``; returns the
+        number of tensors sent. Consumes the iterator once (it may be a collective export)."""
+        ...
+
+    def restore(self, engine: Endpoint, version: int) -> bool:
+        """After ``engine`` restarted (initial weights): load version ``version`` into it without
+        the trainer. False when this transport cannot (the engine then waits for the next push)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the transport holds (process groups, temporary files); idempotent."""
         ...

@@ -95,12 +95,13 @@ def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
     for rt in run.runtimes:
         rt.sync_weights()
         response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
-        diff = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response, run.exp.rollout.temperature)
-        if diff is not None:
-            metrics[f"{rt.name}/sync_logp_diff"] = diff
+        metrics[f"{rt.name}/sync_logp_diff"] = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response)
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
         metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
+        for key, value in gen.items():  # per-engine counters of an SGLang pool ("engine0/tokens_per_s", ...)
+            if "/" in key:
+                metrics[f"{rt.name}/rollout/{key}"] = float(value)
         for key, value in rt.agent.stats().items():
             metrics[f"{rt.name}/trainer/{key}"] = float(value)
     return metrics
@@ -119,6 +120,8 @@ def train_step(run: Run) -> dict[str, float]:
 
     prompts = run.task.sample(exp.train.prompts_per_step, offset=step * exp.train.prompts_per_step)
     completions = stages.rollout(run.runtimes, prompts, exp, step)
+    for rt in run.runtimes:  # colocated engines hand their GPU memory to the trainer until the sync
+        rt.engine.release_memory()
     lap("rollout")
     data = stages.verify(run.verifier, prompts, completions, step, exp.rollout.max_response_len + 1)
     lap("verify")

@@ -20,8 +20,7 @@ import torch
 
 from hacrl_megatron.agents.handle import AgentHandle
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
-from hacrl_megatron.rollout.sglang_server import SGLangServer
-from hacrl_megatron.rollout.types import RolloutEngine
+from hacrl_megatron.rollout.types import TrainingEngine
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -31,14 +30,13 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class AgentRuntime:
-    """Agent ``index``'s live pieces: its config, tokenizer, trainer, rollout engine (and server)."""
+    """Agent ``index``'s live pieces: its config, tokenizer, trainer and rollout engine."""
 
     index: int
     cfg: AgentConfig
     tokenizer: PreTrainedTokenizerBase
     agent: AgentHandle
-    engine: RolloutEngine
-    server: SGLangServer | None = None  # when rollout.engine == "sglang"
+    engine: TrainingEngine
     hf_config: PretrainedConfig | None = None  # the agent's transformers config (for HF exports)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
@@ -56,8 +54,7 @@ class AgentRuntime:
         return self._prompt_cache[question]
 
     def close(self) -> None:
-        if self.server is not None:
-            self.server.stop()
+        self.engine.close()  # SGLang servers and weight-sync groups
         self.agent.close()  # Ray worker groups release their actors
 
     def sync_weights(self) -> int:
@@ -135,26 +132,12 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig,
 
 
 def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel,
-                 tokenizer: PreTrainedTokenizerBase) -> tuple[SGLangServer, RolloutEngine]:
-    """Start this agent's SGLang server on its initial weights and connect an engine (GPU clusters)."""
-    from hacrl_megatron.config import sglang_python
-    from hacrl_megatron.rollout.sglang_engine import SGLangEngine
-    from hacrl_megatron.rollout.sglang_server import SGLangServer
+                 tokenizer: PreTrainedTokenizerBase) -> TrainingEngine:
+    """Start this agent's SGLang servers on its initial weights; the pool that drives them and
+    their weight transport (GPU clusters; sync/engines.py)."""
+    from hacrl_megatron.sync.engines import start_sglang_pool
 
-    r = exp.rollout
-    root = Path(exp.output_dir) / "engines" / cfg.name
-    init_dir = root / "init"
-    model.save_pretrained(init_dir)  # the server needs a folder; also the config source for disk sync
-    tokenizer.save_pretrained(init_dir)
-    command = [a.replace("{model_path}", str(init_dir)) for a in r.sglang_command] or None
-    server = SGLangServer(init_dir, tp_size=r.sglang_tp, gpu_ids=cfg.rollout_gpu_ids or None,
-                          mem_fraction_static=r.sglang_mem_fraction, extra_args=r.sglang_args,
-                          log_path=root / "server.log", command=command, python=sglang_python(r))
-    server.start()
-    engine = SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer,
-                          weight_sync=r.weight_sync, sync_dir=root / "synced", base_model_dir=init_dir,
-                          tp_size=r.sglang_tp, server=server)  # a dead server is restarted and re-synced
-    return server, engine
+    return start_sglang_pool(exp, cfg, model, tokenizer)
 
 
 def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
@@ -166,14 +149,13 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
     model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
-    server = None
     if exp.rollout.engine == "sglang":
-        server, engine = start_sglang(exp, cfg, model, tokenizer)
+        engine = start_sglang(exp, cfg, model, tokenizer)
     else:
         engine = HFEngine(copy.deepcopy(model), tokenizer)
     # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
     agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), model, exp, total_updates)
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine, server=server,
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine,
                         hf_config=model.config)
 
 

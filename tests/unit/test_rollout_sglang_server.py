@@ -79,33 +79,35 @@ GENERATING = (
     "        out = []\n"
     "        for ids in req['input_ids']:\n"
     "            new = [ids[-1] + 1, ids[-1] + 2] if state['weights'] else [ids[-1] + 10]\n"
-    "            out += [{'text': '', 'output_ids': new + [0],\n"
-    "                     'meta_info': {'finish_reason': {'type': 'stop', 'matched': 0}}}] * req['sampling_params']['n']\n"
+    "            out.append({'text': '', 'output_ids': new + [0],\n"
+    "                        'meta_info': {'finish_reason': {'type': 'stop', 'matched': 0}}})\n"
     "        self._send(out)\n"
     "http.server.ThreadingHTTPServer(('127.0.0.1', int(sys.argv[1])), H).serve_forever()\n"
 )
 
 
-def test_engine_restarts_dead_server_and_restores_disk_weights(tmp_path):
+def test_pool_restarts_dead_server_and_restores_disk_weights(tmp_path):
     import torch
 
-    from hacrl_megatron.rollout import SamplingParams, SGLangEngine, SGLangUnreachable
+    from hacrl_megatron.rollout import EnginePool, SamplingParams, SGLangEngine, SGLangError
+    from hacrl_megatron.sync.disk import DiskTransport
 
     server = SGLangServer(None, command=[sys.executable, "-c", GENERATING, "{port}"], log_path=tmp_path / "g.log")
     with server:
-        engine = SGLangEngine(server.base_url, eos_token_id=0, sync_dir=tmp_path / "sync", server=server)
+        engine = SGLangEngine(server.base_url, eos_token_id=0, server=server)
+        pool = EnginePool([engine], DiskTransport(tmp_path / "sync"))
         params = SamplingParams(n=2, max_new_tokens=4)
-        assert engine.generate([[5]], params)[0][0].token_ids == (15,)  # initial weights
-        engine.load_weights([("w", torch.ones(2))])
-        synced = engine.generate([[5], [7]], params)
+        assert pool.generate([[5]], params)[0][0].token_ids == (15,)  # initial weights
+        pool.load_weights([("w", torch.ones(2))])
+        synced = pool.generate([[5], [7]], params)
         assert [c.token_ids for c in synced[1]] == [(8, 9), (8, 9)] and synced[1][0].finish_reason == "eos"
         server.process.kill()  # our own child: simulate a crash
         server.process.wait()
-        assert engine.generate([[5], [7]], params) == synced  # restarted, synced weights reloaded
-        assert engine.restarts == 1 and server.restarts == 1 and engine.stats()["restarts"] == 1
+        assert pool.generate([[5], [7]], params) == synced  # restarted, synced weights reloaded from disk
+        assert engine.restarts == 1 and server.restarts == 1 and pool.stats()["restarts"] == 1
         # without an attached server there is nothing to restart: the error surfaces
         server.process.kill()
         server.process.wait()
-        bare = SGLangEngine(server.base_url, eos_token_id=0, sync_dir=tmp_path / "sync", timeout=2)
-        with pytest.raises(SGLangUnreachable, match="cannot reach"):
+        bare = EnginePool([SGLangEngine(server.base_url, eos_token_id=0, timeout=2)], DiskTransport(tmp_path / "s2"))
+        with pytest.raises(SGLangError, match="no SGLang engine can generate .*no server handle to restart"):
             bare.generate([[5]], params)

@@ -1,0 +1,264 @@
+"""All SGLang engines of one agent as one :class:`~hacrl_megatron.rollout.types.TrainingEngine`.
+
+A 70B agent rolls out on several servers (e.g. 4 × TP8). :meth:`EnginePool.generate` spreads one
+call's prompts over the live engines by *pending tokens* (largest job first to the engine with
+the fewest tokens in flight; a job costs ``(prompt length + max_new_tokens) · n``), sends every
+engine its share concurrently, and keeps what finished. An engine whose server died
+(:class:`~hacrl_megatron.rollout.sglang_engine.SGLangUnreachable` and the server is gone) is
+restarted in the background while its prompts go to the survivors; the restarted server gets the
+current weights back from the weight transport (disk: reloads the last folder) or, for
+transports that need the trainer (tensor, distributed), from the last ``export`` given to
+:meth:`EnginePool.sync_from`. Sample seeds are fixed per (prompt, sample) before the split, so the
+result does not depend on how prompts were spread.
+
+Weights go to every engine through one transport of ``sync/`` (``transport.push``). Colocated
+engines (sharing the trainer's GPUs) release their memory on :meth:`EnginePool.release_memory`
+(the trainer is about to train) and take back the weights' memory first, then the KV cache's,
+around the next sync.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError, SGLangUnreachable, sample_seeds
+from hacrl_megatron.rollout.types import Completion, SamplingParams, WeightTransport
+
+if TYPE_CHECKING:
+    import torch
+
+READY, STALE, DEAD = "ready", "stale", "dead"  # stale: restarted, still on its initial weights
+Export = Callable[[], Iterable[tuple[str, "torch.Tensor"]]]
+
+
+@dataclass
+class _Slot:
+    engine: SGLangEngine
+    state: str = READY
+    pending_tokens: int = 0
+    recovery: threading.Thread | None = None
+    error: BaseException | None = None
+    lost_jobs: int = 0  # prompts re-sent elsewhere because this engine died with them
+    sequences: int = field(default=0)
+
+
+class EnginePool:
+    """Args:
+        engines: one client per server of the agent (names label the metrics).
+        transport: the weight transport (``sync/``) that reaches every server.
+        colocate: the servers share the trainer's GPUs (memory release/resume around training).
+        name: the agent's name (messages).
+    """
+
+    def __init__(self, engines: Sequence[SGLangEngine], transport: WeightTransport, *, colocate: bool = False,
+                 name: str = "agent") -> None:
+        if not engines:
+            raise ValueError(f"EnginePool {name!r}: no engines")
+        self.slots = [_Slot(e) for e in engines]
+        self.transport = transport
+        self.colocate = colocate
+        self.name = name
+        self.weight_version = 0
+        self._export: Export | None = None
+        self._released = False
+        self._lock = threading.Lock()
+        self._seconds = 0.0
+
+    @property
+    def engines(self) -> list[SGLangEngine]:
+        return [s.engine for s in self.slots]
+
+    # ----------------------------------------------------------------------------------------
+    # generation
+
+    def _live(self) -> list[_Slot]:
+        return [s for s in self.slots if s.state == READY]
+
+    @staticmethod
+    def _assign(todo: list[int], costs: list[int], live: list[_Slot]) -> dict[int, list[int]]:
+        """Prompt indices per slot index: longest job first onto the least-loaded engine."""
+        load = {i: live[i].pending_tokens for i in range(len(live))}
+        plan: dict[int, list[int]] = {i: [] for i in range(len(live))}
+        for p in sorted(todo, key=lambda p: (-costs[p], p)):
+            k = min(load, key=lambda i: (load[i], i))
+            plan[k].append(p)
+            load[k] += costs[p]
+        return {k: sorted(v) for k, v in plan.items() if v}
+
+    def _run_share(self, slot: _Slot, share: list[int], prompts: list[list[int]], params: SamplingParams,
+                   seeds: list[int] | None, costs: list[int], out: list[list[Completion] | None]) -> list[int]:
+        """Generate ``share`` on ``slot``; returns the prompt indices to redo elsewhere ([] on success)."""
+        n, cost = params.n, sum(costs[p] for p in share)
+        with self._lock:
+            slot.pending_tokens += cost
+        try:
+            sub_seeds = None if seeds is None else [seeds[p * n + j] for p in share for j in range(n)]
+            groups = slot.engine.generate_seeded([prompts[p] for p in share], params, sub_seeds)
+        except SGLangUnreachable:
+            if slot.engine.alive():
+                raise  # a reset with the server still up is not a crash: report it
+            self._start_recovery(slot)
+            slot.lost_jobs += len(share)
+            return share
+        finally:
+            with self._lock:
+                slot.pending_tokens -= cost
+        for p, group in zip(share, groups):
+            out[p] = group
+        slot.sequences += len(share) * n
+        return []
+
+    def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, spread over the live engines; ``out[i][j]`` is sample j of prompt i."""
+        for i, p in enumerate(prompt_token_ids):
+            if len(p) == 0:
+                raise ValueError(f"EnginePool.generate: prompt {i} is empty")
+        if not prompt_token_ids:
+            return []
+        self.resume_memory()
+        prompts = [list(p) for p in prompt_token_ids]
+        seeds = None if params.greedy else sample_seeds(params.seed, len(prompts) * params.n)
+        costs = [(len(p) + params.max_new_tokens) * params.n for p in prompts]
+        out: list[list[Completion] | None] = [None] * len(prompts)
+        todo, start = list(range(len(prompts))), time.perf_counter()
+        while todo:
+            live = self._live() or self._wait_for_recovery()
+            plan = self._assign(todo, costs, live)
+            with ThreadPoolExecutor(max_workers=len(plan), thread_name_prefix=f"{self.name}-rollout") as pool:
+                futures = [pool.submit(self._run_share, live[k], share, prompts, params, seeds, costs, out)
+                           for k, share in plan.items()]
+                todo = sorted(p for f in futures for p in f.result())
+        self._seconds += time.perf_counter() - start
+        return [group for group in out if group is not None]
+
+    def sequence_logprob(self, prompt_ids: list[int], response_ids: list[int]) -> float:
+        """Σ log π(response | prompt) on the first live engine (temperature 1)."""
+        self.resume_memory()
+        live = self._live() or self._wait_for_recovery()
+        return live[0].engine.sequence_logprob(prompt_ids, response_ids)
+
+    # ----------------------------------------------------------------------------------------
+    # failures
+
+    def _start_recovery(self, slot: _Slot) -> None:
+        with self._lock:
+            if slot.state == DEAD and slot.recovery is not None and slot.recovery.is_alive():
+                return
+            slot.state = DEAD
+            slot.recovery = threading.Thread(target=self._recover, args=(slot,), daemon=True,
+                                             name=f"{self.name}-{slot.engine.name}-restart")
+            slot.recovery.start()
+
+    def _recover(self, slot: _Slot) -> None:
+        """Restart ``slot``'s server and bring it to the current weights (runs in a thread)."""
+        try:
+            slot.engine.restart()
+            restored = self.weight_version == 0 or self.transport.restore(slot.engine, self.weight_version)
+            if not restored and self._export is not None:
+                self.transport.push([slot.engine], self._export(), self.weight_version)
+                restored = True
+            slot.state, slot.error = (READY if restored else STALE), None
+        except Exception as e:  # noqa: BLE001  (kept and reported when no engine is left)
+            slot.state, slot.error = DEAD, e
+
+    def _join_recoveries(self) -> None:
+        for slot in self.slots:
+            if slot.recovery is not None:
+                slot.recovery.join()
+                slot.recovery = None
+
+    def _wait_for_recovery(self) -> list[_Slot]:
+        """No engine is live: wait for the restarts; the live engines, or SGLangError."""
+        self._join_recoveries()
+        live = self._live()
+        if not live:
+            states = ", ".join(f"{s.engine.name}: {s.state}" + (f" ({s.error})" if s.error else "") for s in self.slots)
+            raise SGLangError(f"agent {self.name!r}: no SGLang engine can generate ({states}); a restarted "
+                              f"server without a restorable weight source waits for the next weight sync")
+        return live
+
+    # ----------------------------------------------------------------------------------------
+    # weights and memory
+
+    def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        self._join_recoveries()
+        for slot in self.slots:
+            if slot.state == DEAD:  # one more restart attempt before giving up on it for this sync
+                self._recover(slot)
+        targets = [s for s in self.slots if s.state in (READY, STALE)]
+        if not targets:
+            raise SGLangError(f"agent {self.name!r}: every SGLang engine is down; cannot sync weights")
+        if self._released:  # weights first, KV cache after: the peak stays at one copy of the weights
+            for s in targets:
+                s.engine.resume_memory(["weights"])
+        count = self.transport.push([s.engine for s in targets], named_tensors, self.weight_version + 1)
+        self.weight_version += 1
+        for s in targets:
+            s.state = READY
+        if self._released:
+            for s in targets:
+                s.engine.resume_memory(["kv_cache"])
+            self._released = False
+        return count
+
+    def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+        """Push HF-named full tensors to every engine; returns how many were sent."""
+        return self._push(named_tensors)
+
+    def sync_from(self, export: Export) -> int:
+        """Push ``export()`` to every engine, and keep ``export`` to restore restarted servers."""
+        self._export = export
+        return self._push(export())
+
+    def release_memory(self) -> None:
+        """Colocated engines free their GPU memory (weights and KV cache) for the trainer."""
+        if not self.colocate or self._released:
+            return
+        for slot in self._live():
+            slot.engine.release_memory()
+        self._released = True
+
+    def resume_memory(self) -> None:
+        """Take back what :meth:`release_memory` freed (before generating or scoring)."""
+        if not self._released:
+            return
+        for slot in self._live():
+            slot.engine.resume_memory()
+        self._released = False
+
+    # ----------------------------------------------------------------------------------------
+    # metrics and shutdown
+
+    def stats(self) -> dict[str, Any]:
+        """tokens, seconds (wall time in generate), tokens_per_s, sequences, restarts,
+        weight_version; per engine ``<engine>/tokens_per_s``, ``/tokens``, ``/sequences``,
+        ``/restarts``, ``/lost_jobs``, ``/live`` (1 or 0)."""
+        out: dict[str, Any] = {"tokens": 0, "sequences": 0, "restarts": 0}
+        for slot in self.slots:
+            s = slot.engine.stats()
+            out["tokens"] += s["tokens"]
+            out["sequences"] += s["sequences"]
+            out["restarts"] += s["restarts"]
+            prefix = slot.engine.name
+            out.update({f"{prefix}/tokens_per_s": s["tokens_per_s"], f"{prefix}/tokens": s["tokens"],
+                        f"{prefix}/sequences": s["sequences"], f"{prefix}/restarts": s["restarts"],
+                        f"{prefix}/lost_jobs": slot.lost_jobs, f"{prefix}/live": int(slot.state == READY)})
+        out["seconds"] = self._seconds
+        out["tokens_per_s"] = out["tokens"] / self._seconds if self._seconds > 0 else 0.0
+        out["weight_version"] = self.weight_version
+        return out
+
+    def close(self) -> None:
+        """Stop the transport's resources and every server this process started; idempotent."""
+        self._join_recoveries()
+        try:
+            self.transport.close()
+        finally:
+            for slot in self.slots:
+                if slot.engine.server is not None:
+                    slot.engine.server.stop()

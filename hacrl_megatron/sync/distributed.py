@@ -1,0 +1,279 @@
+"""Distributed weight sync: trainer rank 0 broadcasts flattened buckets to every engine rank (NCCL).
+
+What 70B agents need: no disk, no host copy. One process group joins trainer rank 0 (group rank 0)
+and every TP rank of every engine of the agent (engine k's ranks start at
+``rank_offset = 1 + Σ_{j<k} tp_j``). Per push:
+
+1. every rank of the agent iterates its ``export_hf_weights()`` stream (the TP all-gathers and PP
+   broadcasts are collectives on the agent's own groups); rank 0 cuts it into buckets of
+   ``bucket_bytes`` (one dtype each, :func:`~hacrl_megatron.sync.base.buckets`);
+2. per bucket, rank 0 POSTs ``/update_weights_from_distributed`` with the names, dtypes and shapes
+   and ``load_format: "flattened_bucket"`` to every engine (each server then allocates the bucket
+   and joins the broadcast), and broadcasts the bucket's bytes — the tensors' bytes concatenated
+   in order, no padding (:func:`flatten_bucket`);
+3. gathering bucket k+1 overlaps the broadcast of bucket k (two buckets in memory); bucket k+1's
+   request goes out only after every engine answered bucket k, so requests can never overtake
+   each other on the server. Only the last bucket flushes the servers' prefix caches.
+
+The group is created through ``/init_weights_update_group`` and SGLang's rendezvous
+(``init_method = tcp://master:port``, the store prefixed by the group name, torch's process-group
+helper): :func:`init_weight_group` is the trainer's side of that protocol. A server restart breaks
+the group; the next push destroys it everywhere and creates a new one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import os
+import socket
+import time
+import urllib.parse
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hacrl_megatron.sync.base import Endpoint, NamedTensors, buckets, tensor_bytes, with_last
+
+LOAD_FORMAT = "flattened_bucket"
+_GROUP_IDS = itertools.count()
+
+
+# --------------------------------------------------------------------------------------------
+# the bucket format
+
+
+def flatten_bucket(bucket: Sequence[tuple[str, torch.Tensor]],
+                   device: torch.device | str | None = None) -> tuple[torch.Tensor, dict[str, list]]:
+    """(flat uint8 tensor [Σ bytes], {"names", "dtypes", "shapes"}) of one bucket.
+
+    The bytes of each tensor (C order) follow each other without padding; ``dtypes`` are torch
+    dtype names without the ``torch.`` prefix ("bfloat16"), as SGLang's receiver expects.
+    """
+    if not bucket:
+        raise ValueError("flatten_bucket: empty bucket")
+    parts = [t.detach().reshape(-1).view(torch.uint8) for _, t in bucket]
+    flat = torch.cat(parts) if len(parts) > 1 else parts[0].clone()
+    if device is not None:
+        flat = flat.to(device, non_blocking=False)
+    meta = {"names": [n for n, _ in bucket],
+            "dtypes": [str(t.dtype).removeprefix("torch.") for _, t in bucket],
+            "shapes": [list(t.shape) for _, t in bucket]}
+    return flat, meta
+
+
+def unflatten_bucket(flat: torch.Tensor, names: Sequence[str], dtypes: Sequence[str],
+                     shapes: Sequence[Sequence[int]]) -> list[tuple[str, torch.Tensor]]:
+    """The receiver's side of :func:`flatten_bucket`: views of ``flat`` as the named tensors."""
+    out, offset = [], 0
+    for name, dtype_name, shape in zip(names, dtypes, shapes, strict=True):
+        dtype = getattr(torch, dtype_name)
+        size = int(torch.Size(shape).numel()) * dtype.itemsize
+        if offset % dtype.itemsize:
+            raise ValueError(f"unflatten_bucket: {name!r} ({dtype_name}) starts at unaligned byte {offset}")
+        out.append((name, flat[offset: offset + size].view(dtype).reshape(shape)))
+        offset += size
+    if offset != flat.numel():
+        raise ValueError(f"unflatten_bucket: shapes cover {offset} bytes, the bucket has {flat.numel()}")
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# the process group
+
+
+def init_weight_group(master_address: str, master_port: int, rank: int, world_size: int, group_name: str,
+                      backend: str, timeout_s: float = 600.0) -> Any:
+    """Join the weight-update group as ``rank`` (0 = the trainer, which hosts the TCP store).
+
+    Mirrors SGLang's ``init_weights_update_group`` rendezvous so that both sides meet: a TCP store
+    at ``master_address:master_port``, keys prefixed by ``group_name``, and torch's process-group
+    helper (the same call ``init_process_group`` makes), registered so that ``dist.broadcast``
+    maps group ranks to themselves. No default process group is needed.
+    """
+    from torch.distributed import distributed_c10d as c10d
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, _, _ = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    group, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend),
+                                              c10d.PrefixStore(group_name, store), group_name=group_name,
+                                              timeout=timeout)
+    c10d._world.pg_group_ranks[group] = {i: i for i in range(world_size)}
+    return group
+
+
+def destroy_weight_group(group: Any) -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
+
+
+def broadcast_async(group: Any, tensor: torch.Tensor) -> Any:
+    """Start a broadcast from group rank 0; returns torch's Work."""
+    import torch.distributed as dist
+
+    opts = dist.BroadcastOptions()
+    opts.rootRank = 0
+    opts.rootTensor = 0
+    return group.broadcast([tensor], opts)
+
+
+def local_address_towards(url: str) -> str:
+    """This host's address as seen from the host of ``url`` (the interface that routes there)."""
+    host = urllib.parse.urlparse(url).hostname or "127.0.0.1"
+    if host in ("127.0.0.1", "localhost", "::1"):
+        return "127.0.0.1"
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # UDP connect sends nothing; it only picks the route
+        return s.getsockname()[0]
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------------------------
+# the transport
+
+
+@dataclass
+class _InFlight:
+    futures: list[Future]
+    work: Any
+    flat: torch.Tensor  # kept alive until the broadcast completed
+
+
+class DistributedTransport:
+    """Args:
+        bucket_bytes: bytes per broadcast (``rollout.weight_sync_bucket_mb``).
+        backend: "nccl", "gloo", or "auto" (nccl when this process has CUDA, else gloo: a trainer
+            without a GPU still reaches GPU servers, over TCP).
+        group_name: prefix of the group's name (one group per agent: include the agent's name).
+        master_address: the address engines reach this process at (default: the interface that
+            routes to the first engine).
+        timeout_s: rendezvous and per-bucket timeout.
+    """
+
+    name = "distributed"
+
+    def __init__(self, bucket_bytes: int = 512 << 20, *, backend: str = "auto", group_name: str = "hacrl_weights",
+                 master_address: str | None = None, timeout_s: float = 600.0) -> None:
+        if bucket_bytes < 1:
+            raise ValueError(f"DistributedTransport: bucket_bytes={bucket_bytes} must be >= 1")
+        if backend not in ("auto", "nccl", "gloo"):
+            raise ValueError(f"DistributedTransport: backend={backend!r} must be auto, nccl or gloo")
+        self.bucket_bytes = bucket_bytes
+        self.backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
+        self.group_name = group_name
+        self.master_address = master_address
+        self.timeout_s = timeout_s
+        self._group: Any = None
+        self._group_id = ""
+        self._members: list[Endpoint] = []
+        self._stale = False  # a member restarted or a broadcast failed: rebuild before the next push
+        self.buckets_sent = 0
+        self.bytes_sent = 0
+
+    @property
+    def device(self) -> torch.device:
+        return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
+
+    # ---- group lifetime --------------------------------------------------------------------
+    def _ensure_group(self, engines: Sequence[Endpoint]) -> None:
+        key = [(e.base_url, e.tp_size) for e in engines]
+        if self._group is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
+            return
+        self.close()
+        address = self.master_address or local_address_towards(engines[0].base_url)
+        port, world = free_port(), 1 + sum(e.tp_size for e in engines)
+        self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
+        offsets = [1 + sum(e.tp_size for e in engines[:k]) for k in range(len(engines))]
+        with ThreadPoolExecutor(max_workers=len(engines)) as pool:
+            # each server blocks in the rendezvous until rank 0 (this process) joins below
+            futures = [pool.submit(e.post, "/init_weights_update_group", {
+                "master_address": address, "master_port": port, "rank_offset": off, "world_size": world,
+                "group_name": self._group_id, "backend": self.backend}) for e, off in zip(engines, offsets)]
+            self._group = init_weight_group(address, port, 0, world, self._group_id, self.backend, self.timeout_s)
+            self._members, self._stale = list(engines), False
+            for f in futures:
+                f.result()
+
+    def close(self) -> None:
+        """Destroy the group on every member still reachable and here (errors of dead members ignored)."""
+        if self._group is None:
+            return
+        for engine in self._members:
+            try:
+                engine.post("/destroy_weights_update_group", {"group_name": self._group_id})
+            except Exception:  # noqa: BLE001  (a dead or restarted server has no group left to destroy)
+                pass
+        destroy_weight_group(self._group)
+        self._group, self._members = None, []
+
+    def restore(self, engine: Endpoint, version: int) -> bool:
+        """A restarted server left the group: the next push rebuilds it; until then it waits."""
+        self._stale = True
+        return False
+
+    # ---- one push --------------------------------------------------------------------------
+    def _launch(self, pool: ThreadPoolExecutor, engines: Sequence[Endpoint], flat: torch.Tensor,
+                meta: dict[str, list], last: bool, version: int) -> _InFlight:
+        payload = {**meta, "group_name": self._group_id, "load_format": LOAD_FORMAT, "flush_cache": last,
+                   "weight_version": str(version)}
+        futures = [pool.submit(e.post, "/update_weights_from_distributed", payload) for e in engines]
+        return _InFlight(futures, broadcast_async(self._group, flat), flat)
+
+    def _finish(self, inflight: _InFlight) -> None:
+        """Wait for the broadcast and every engine's reply; a failed engine raises at once (the
+        group is then unusable and is rebuilt at the next push)."""
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            while not inflight.work.is_completed():
+                for f in inflight.futures:
+                    if f.done() and f.exception() is not None:
+                        raise f.exception()
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"weight broadcast not finished after {self.timeout_s:.0f} s")
+                time.sleep(0.0005)
+            inflight.work.wait()
+            for f in inflight.futures:
+                f.result(timeout=self.timeout_s)
+        except BaseException:
+            self._stale = True
+            raise
+
+    def push(self, engines: Sequence[Endpoint], named_tensors: NamedTensors, version: int) -> int:
+        if not engines:
+            raise ValueError("DistributedTransport.push: no engines")
+        self._ensure_group(engines)
+        count, inflight = 0, None
+        with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="weight-broadcast") as pool:
+            for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
+                flat, meta = flatten_bucket(bucket, self.device)  # gathering this bucket overlapped the last broadcast
+                if inflight is not None:
+                    self._finish(inflight)
+                inflight = self._launch(pool, engines, flat, meta, last, version)
+                count += len(bucket)
+                self.buckets_sent += 1
+                self.bytes_sent += sum(tensor_bytes(t) for _, t in bucket)
+            if inflight is not None:
+                self._finish(inflight)
+        if count == 0:
+            raise ValueError("DistributedTransport.push: no tensors given")
+        return count
+
+
+def push_from_rank(named_tensors: NamedTensors, transport: DistributedTransport | None,
+                   engines: Sequence[Endpoint] = (), version: int = 0) -> int:
+    """Run on every rank of an agent with that rank's own export stream (a collective): rank 0
+    passes its transport and the engines and broadcasts; the other ranks pass None and only
+    advance the stream in step. Returns the number of tensors."""
+    if transport is None:
+        return sum(1 for _ in named_tensors)
+    return transport.push(engines, named_tensors, version)
