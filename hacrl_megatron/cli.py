@@ -21,7 +21,8 @@ import sys
 
 import yaml
 
-from hacrl_megatron.config import ConfigError, load_config, preset_names
+from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
+from hacrl_megatron.errors import InputError
 
 DEFAULT_PRESET = "cpu_demo"
 
@@ -43,6 +44,7 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 def _cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
+    check_data_files(cfg.data)  # data.path must exist here, like at training start-up
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     return 0
 
@@ -77,6 +79,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.loop import train
 
     cfg = load_config(args.preset, args.overrides)
+    check_data_files(cfg.data)  # before any import of torch, warm-up or model build
     log_to_console()
     train(cfg)
     return 0
@@ -86,6 +89,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.pretrain import pretrain_all
 
     cfg = load_config(args.preset, args.overrides)
+    check_data_files(cfg.data)
     log_to_console()
     pretrain_all(cfg, force=args.force)
     return 0
@@ -126,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except ConfigError as err:
         print(f"hacrl: configuration error: {err}", file=sys.stderr)
+        return 2
+    except InputError as err:  # a data file, checkpoint or tokenizer that cannot be used; it is named
+        print(f"hacrl: {err}", file=sys.stderr)
         return 2
 
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from hacrl_megatron.errors import InputError
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
@@ -37,8 +39,19 @@ RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
 
 
-class ConfigError(ValueError):
+class ConfigError(InputError):
     """A configuration value breaks a rule; the message names field, value and rule."""
+
+
+def _yaml_problem(err: yaml.YAMLError) -> str:
+    """Where and why PyYAML stopped: ``line L, column C: <problem> (<context>)``, 1-based."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    context, start = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and start is not None and mark is not None and start.line != mark.line:
+        context += f" started at line {start.line + 1}, column {start.column + 1}"
+    return where + problem + (f" ({context})" if context else "")
 
 
 @dataclass
@@ -306,7 +319,10 @@ def read_preset(preset: str) -> dict[str, Any]:
         path = PRESET_DIR / f"{preset}.yaml"
     if not path.exists():
         raise ConfigError(f"preset {preset!r}: no such file {path}; built-in presets: {preset_names()}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"preset file {path}: malformed YAML at {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"preset {preset!r}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)
@@ -327,7 +343,10 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r}: expected dotted.key=value")
     key, raw = override.split("=", 1)
-    value = yaml.safe_load(raw) if raw != "" else ""
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as err:
+        raise ConfigError(f"override {override!r}: the value is malformed YAML at {_yaml_problem(err)}") from None
     parts = key.strip().split(".")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
@@ -442,6 +461,37 @@ def validate_sglang_python(r: RolloutConfig) -> None:
         _rule(os.access(path, os.X_OK), name, path, "must be executable")
 
 
+def validate_data_names(data: DataConfig) -> None:
+    """``data.task`` names a procedural task or a dataset; ``data.path`` is only read by datasets.
+
+    Pure (no file access): presets that name cluster paths still load anywhere. Whether the data
+    files exist and parse is :func:`check_data_files`'s job (``hacrl config``, and training start-up).
+    """
+    from hacrl_megatron.data import BENCHMARKS, TASKS
+
+    _rule(data.task in TASKS or data.task in BENCHMARKS, "data.task", data.task,
+          f"must be a procedural task {list(TASKS)} or a dataset {list(BENCHMARKS)}")
+    _rule(data.path is None or data.task in BENCHMARKS, "data.path", data.path,
+          f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural")
+    _rule(data.path is None or data.path.strip() != "", "data.path", data.path, "must not be empty (omit it)")
+
+
+def check_data_files(data: DataConfig) -> list[Path]:
+    """The files ``data`` reads, checked to exist now (no parsing); [] for procedural tasks.
+
+    Raises ConfigError naming ``data.path`` (or ``$HACRL_DATA_DIR``) and where files were expected.
+    """
+    from hacrl_megatron.data import BENCHMARKS
+    from hacrl_megatron.data.benchmarks import resolve_data_files
+
+    if data.task not in BENCHMARKS:
+        return []
+    try:
+        return resolve_data_files(data.task, data.path)
+    except FileNotFoundError as err:
+        raise ConfigError(f"data.path={data.path!r}: {err}") from None
+
+
 def validate(cfg: ExperimentConfig) -> None:
     """Check every cross-field rule; raise ConfigError naming field, value and rule."""
     _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
@@ -509,6 +559,7 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(t.verifier_timeout_s > 0, "train.verifier_timeout_s", t.verifier_timeout_s, "must be > 0")
     _one_of("train.verifier_mode", t.verifier_mode, ("math", "math_verify"))
     _rule(cfg.data.difficulty >= 1, "data.difficulty", cfg.data.difficulty, "must be >= 1")
+    validate_data_names(cfg.data)
     _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
     _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     _rule(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, "must be >= 1")

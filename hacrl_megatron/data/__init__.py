@@ -8,7 +8,7 @@
 - :func:`format_prompt` (question, tokenizer, template): per-agent prompt text.
 """
 
-from hacrl_megatron.data.benchmarks import BENCHMARKS, DATA_DIR_ENV, load_benchmark
+from hacrl_megatron.data.benchmarks import BENCHMARKS, DATA_DIR_ENV, DataFileError, load_benchmark
 from hacrl_megatron.data.procedural import TASKS
 from hacrl_megatron.data.prompts import CHAT_INSTRUCTION, PLAIN_TEMPLATE, format_prompt
 from hacrl_megatron.data.records import PromptRecord
@@ -18,6 +18,7 @@ __all__ = [
     "BENCHMARKS",
     "CHAT_INSTRUCTION",
     "DATA_DIR_ENV",
+    "DataFileError",
     "DatasetTask",
     "PLAIN_TEMPLATE",
     "PromptRecord",

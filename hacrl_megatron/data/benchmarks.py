@@ -1,7 +1,10 @@
 """Local loaders for the paper's datasets (docs/algorithm.md §9), normalised to :class:`PromptRecord`.
 
-Nothing downloads: each dataset is read from a local jsonl/json/parquet file through HF
-``datasets`` (imported lazily). Where the file is found:
+Nothing downloads: each dataset is read from a local file: JSON lines (``.jsonl``, or ``.json``
+holding one object per line or one list of objects) with the standard library, parquet with
+``pyarrow`` (imported lazily). A malformed line, an empty file or a row without a needed column
+raises :class:`DataFileError` naming the file and line; rows without a question or a reference
+answer are skipped, counted and reported with their lines. Where the file is found:
 
 1. ``path`` (``data.path`` in the config): a file, or a directory searched like step 2;
 2. else ``$HACRL_DATA_DIR/<name>/``: ``<split>.jsonl``, ``<split>.json``, ``<split>.parquet``,
@@ -23,6 +26,7 @@ Schemas (the columns of the public releases; all records get ``kind="math"``; id
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable
@@ -30,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.data.records import PromptRecord
+from hacrl_megatron.errors import InputError
 from hacrl_megatron.reward.extract import last_boxed_answer
 
 logger = logging.getLogger(__name__)
@@ -49,6 +54,11 @@ _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 
 # A row normaliser returns (question, answer, id or None, solution or None); None answer = skip row.
 Row = tuple[str, str | None, str | None, str | None]
+MAX_REPORTED_ROWS = 5  # skipped rows named in the warning
+
+
+class DataFileError(InputError):
+    """A data file that is empty, malformed or lacks a column; the message names the file and line."""
 
 
 def _answer_text(value: Any) -> str | None:
@@ -177,45 +187,96 @@ def resolve_data_files(name: str, path: str | None = None, split: str | None = N
     return found
 
 
-def _read_rows(files: list[Path]) -> list[dict]:
+def _json_rows(path: Path) -> list[tuple[dict, str]]:
+    """(row, "file:line") of a JSON-lines file, or of a ``.json`` file holding one list of objects."""
+    text = path.read_text(encoding="utf-8", errors="strict")
+    if path.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            items = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        rows = [(item, f"{path} item {i}") for i, item in enumerate(items)]
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                rows.append((json.loads(line), f"{path}:{lineno}"))
+            except json.JSONDecodeError as err:
+                raise DataFileError(
+                    f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}); "
+                    "each line must hold one JSON object: fix or delete that line"
+                ) from None
+    for row, where in rows:
+        if not isinstance(row, dict):
+            raise DataFileError(f"{where}: expected a JSON object (one record), got {type(row).__name__}")
+    return rows
+
+
+def _parquet_rows(path: Path) -> list[tuple[dict, str]]:
     try:
-        from datasets import load_dataset
+        import pyarrow.parquet as pq
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "loading benchmarks needs HF datasets: pip install datasets (or '.[data]')"
-        ) from exc
-    builder = "parquet" if files[0].suffix == ".parquet" else "json"
-    ds = load_dataset(builder, data_files=[str(f) for f in files], split="train")
-    return list(ds)
+        raise ImportError("reading parquet benchmarks needs pyarrow: pip install pyarrow (or '.[data]')") from exc
+    try:
+        table = pq.read_table(path)
+    except Exception as err:  # pyarrow raises several types for a damaged file
+        raise DataFileError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+    return [(row, f"{path} row {i}") for i, row in enumerate(table.to_pylist())]
+
+
+def _read_rows(files: list[Path]) -> list[tuple[dict, str]]:
+    """Every row of ``files`` with where it came from ("file:line" or "file row i"), in order."""
+    rows: list[tuple[dict, str]] = []
+    for path in files:
+        try:
+            found = _parquet_rows(path) if path.suffix == ".parquet" else _json_rows(path)
+        except UnicodeDecodeError as err:
+            raise DataFileError(f"{path}: not UTF-8 text (byte {err.start}: {err.reason})") from None
+        if not found:
+            raise DataFileError(f"{path}: empty file (no records)")
+        rows += found
+    return rows
 
 
 def load_benchmark_rows(
     name: str, path: str | None = None, limit: int | None = None, split: str | None = None
 ) -> list[tuple[PromptRecord, str | None]]:
-    """Records with their reference solution text (None when the dataset has none)."""
+    """Records with their reference solution text (None when the dataset has none).
+
+    Rows without a question or a reference answer are skipped and reported (a warning with their
+    count and first lines); a file where every row is skipped raises :class:`DataFileError`.
+    """
     if limit is not None and limit < 0:
         raise ValueError(f"limit={limit} must be >= 0 or None")
     split = split or DEFAULT_SPLITS.get(name, "")
     files = resolve_data_files(name, path, split)
     rows = _read_rows(files)
     out: list[tuple[PromptRecord, str | None]] = []
-    skipped = 0
-    for i, row in enumerate(rows):
+    skipped: list[str] = []
+    for i, (row, where) in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
         try:
             question, answer, rid, solution = _NORMALISERS[name](row)
         except KeyError as exc:
-            raise ValueError(
-                f"{name} file {files[0]}: row {i} lacks column {exc.args[0]}; columns are {sorted(row)}"
+            raise DataFileError(
+                f"{where}: {name} row has no value in column {exc.args[0]} (missing or null); "
+                f"its columns are {sorted(row)}"
             ) from None
         if not answer or not str(question).strip():
-            skipped += 1
+            skipped.append(where)
             continue
         rec_id = f"{name}-{rid}" if rid not in (None, "") else f"{name}-{split}-{i}"
         out.append((PromptRecord(rec_id, str(question), answer, name, "math"), solution))
     if skipped:
-        logger.warning("%s: skipped %d rows without a question or a reference answer", name, skipped)
+        shown = ", ".join(skipped[:MAX_REPORTED_ROWS]) + (", ..." if len(skipped) > MAX_REPORTED_ROWS else "")
+        logger.warning("%s: skipped %d of %d rows without a question or a reference answer: %s",
+                       name, len(skipped), len(skipped) + len(out), shown)
+        if not out:
+            raise DataFileError(f"{', '.join(map(str, files))}: all {len(skipped)} {name} rows lack a question "
+                                f"or a reference answer (first: {skipped[0]})")
     return out
 
 

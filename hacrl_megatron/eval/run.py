@@ -71,6 +71,23 @@ def load_eval_records(data: EvalData) -> dict[str, list[PromptRecord]]:
     return out
 
 
+def check_tokenizer_fits(folder: Path, tokenizer: Any, spec: str | None = None) -> None:
+    """Raise :class:`~hacrl_megatron.errors.InputError` when the tokenizer has more tokens than the
+    model's ``vocab_size`` (ids past the embedding would crash generation); training checks the same."""
+    from transformers import AutoConfig
+
+    from hacrl_megatron.errors import InputError
+
+    vocab = getattr(AutoConfig.from_pretrained(str(folder), local_files_only=True), "vocab_size", None)
+    if vocab is not None and len(tokenizer) > vocab:
+        name = repr(spec) if spec else f"{folder}'s own tokenizer"
+        raise InputError(
+            f"tokenizer {name} has {len(tokenizer)} tokens but the model in {folder} has vocab_size={vocab}: "
+            f"ids >= {vocab} have no embedding row. Pass the tokenizer the model was trained with "
+            "(--tokenizer), or omit --tokenizer to use the folder's own."
+        )
+
+
 def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *, dtype: str = "float32",
                   device: str | None = None, max_batch_size: int = 64) -> tuple[Any, Any]:
     """An :class:`~hacrl_megatron.rollout.HFEngine` and tokenizer for an HF model folder.
@@ -89,8 +106,10 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
                                 "pass a folder written by save_pretrained, 'smollm2', or a RolloutEngine")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"run_eval: dtype={dtype!r} must be float32 | bfloat16 | float16")
+    spec = tokenizer if isinstance(tokenizer, str) else None
     if tokenizer is None or isinstance(tokenizer, str):
         tokenizer = load_tokenizer(tokenizer or str(folder))
+    check_tokenizer_fits(folder, tokenizer, spec)
     model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), local_files_only=True)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return HFEngine(model.to(device), tokenizer, max_batch_size=max_batch_size), tokenizer

@@ -51,6 +51,9 @@ class Run:
 
 
 def setup(exp: ExperimentConfig) -> Run:
+    # data first: a missing, empty or malformed data file fails before any warm-up or model build
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed, path=exp.data.path)
+    eval_records = task.eval_set(exp.data.eval_size)
     configure_process(exp)
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
@@ -62,8 +65,7 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode)
-    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed, path=exp.data.path)
-    return Run(exp, runtimes, exchange, tracker, verifier, task, task.eval_set(exp.data.eval_size))
+    return Run(exp, runtimes, exchange, tracker, verifier, task, eval_records)
 
 
 def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hacrl_megatron.data import BENCHMARKS, PromptRecord, load_benchmark, make_task
-from hacrl_megatron.data.benchmarks import resolve_data_files
+from hacrl_megatron.data.benchmarks import DataFileError, resolve_data_files
 from hacrl_megatron.reward import RewardRequest, score_request
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "datasets"
@@ -87,7 +87,7 @@ def test_rows_without_answer_are_skipped(tmp_path, caplog):
     f.write_text("".join(json.dumps(r) + "\n" for r in rows))
     records = load_benchmark("math", str(f))
     assert [r.answer for r in records] == ["3"]
-    assert "skipped 1 rows" in caplog.text
+    assert f"math: skipped 1 of 2 rows without a question or a reference answer: {f}:2" in caplog.text
 
 
 def test_missing_file_errors_say_where_to_put_it(tmp_path, monkeypatch):
@@ -106,7 +106,8 @@ def test_unknown_name_and_bad_columns(tmp_path):
     f = tmp_path / "test.jsonl"
     f.write_text(json.dumps({"prompt": "x", "answer": "1"}) + "\n")
     with pytest.raises(
-        ValueError, match=r"row 0 lacks column problem or question; columns are \['answer', 'prompt'\]"
+        DataFileError, match=r"test.jsonl:1: aime2025 row has no value in column problem or question "
+        r"\(missing or null\); its columns are \['answer', 'prompt'\]"
     ):
         load_benchmark("aime2025", str(f))
     with pytest.raises(ValueError, match="limit=-1"):
