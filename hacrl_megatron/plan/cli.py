@@ -1,0 +1,156 @@
+"""``hacrl plan``: will this layout fit, what does a step cost, how do the agents share the cluster.
+
+    hacrl plan --preset P [overrides] --nodes N --gpus-per-node G --gpu-memory-gib M [--gpu h100] [--json]
+    hacrl plan --model DIR_OR_CONFIG_JSON --tp T --pp P --dp D --gpu-memory-gib M [--recompute full]
+               [--no-dist-opt] [--rollout-mem-fraction F] [--json]
+
+The first searches every agent's layout at once and prints them with the overrides (and a preset
+YAML) that ``hacrl train`` / ``hacrl launch`` accept unchanged. The second evaluates one layout of
+one model (full recompute and the distributed optimizer unless told otherwise; only the trainer's
+memory unless ``--rollout-mem-fraction`` puts a colocated engine on the same GPUs). Exit status:
+0 with a plan (fitting or not), 2 for bad input (unknown GPU, a layout that cannot divide the
+model, a cluster too small for any layout), with one line naming the agent and the constraint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+from hacrl_megatron.plan.memory import COLOCATION
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--preset", help="plan a whole experiment: built-in preset name or YAML path")
+    what.add_argument("--model", help="evaluate one layout of one model: HF folder or its config.json")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted config overrides (with --preset)")
+    p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory per GPU in GiB (80 GB = 74.5 GiB)")
+    p.add_argument("--gpu", default="h100", help="a100 | h100 | h200 | b200: peak TFLOP/s and HBM GB/s (default h100)")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    c = p.add_argument_group("--preset: the cluster")
+    c.add_argument("--nodes", type=int, help="nodes in the cluster")
+    c.add_argument("--gpus-per-node", type=int, help="GPUs per node")
+    m = p.add_argument_group("--model: the layout and workload")
+    m.add_argument("--tp", type=int, help="tensor-parallel size")
+    m.add_argument("--pp", type=int, help="pipeline-parallel size")
+    m.add_argument("--dp", type=int, help="data-parallel size")
+    m.add_argument("--recompute", choices=("none", "selective", "full"), default="full",
+                   help="activation recompute (default full)")
+    m.add_argument("--no-dist-opt", action="store_true", help="no distributed optimizer (12 B/param on every rank)")
+    m.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (tp > 1)")
+    m.add_argument("--grad-dtype", choices=("float32", "bfloat16"), default="float32",
+                   help="main-gradient dtype (ours: float32; NeMo-RL's default reduces in bf16)")
+    m.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (prompt + response)")
+    m.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch")
+    m.add_argument("--global-batch", type=int, default=512, help="sequences per optimizer update")
+    m.add_argument("--rollout-mem-fraction", type=float, default=None,
+                   help="a colocated engine keeps this share of each GPU (default: no engine counted)")
+    m.add_argument("--engine-tp", type=int, default=None, help="colocated engine TP (default: --tp)")
+    m.add_argument("--colocation", choices=[c for c in COLOCATION if c != "separate"], default="release",
+                   help="what the engine and trainer free for each other (default release: ours)")
+
+
+class _BadInput(ValueError):
+    pass
+
+
+def _cluster(args: argparse.Namespace, nodes: int, gpn: int) -> Any:
+    from hacrl_megatron.plan.gpus import gpu_by_name
+    from hacrl_megatron.plan.search import Cluster
+
+    if args.gpu_memory_gib <= 0:
+        raise _BadInput(f"--gpu-memory-gib={args.gpu_memory_gib:g}: must be > 0")
+    return Cluster(nodes, gpn, args.gpu_memory_gib, gpu_by_name(args.gpu))
+
+
+def _experiment(args: argparse.Namespace) -> dict[str, Any]:
+    from hacrl_megatron.config import ExperimentConfig, apply_override, from_dict, read_preset
+    from hacrl_megatron.plan.experiment import plan_experiment
+    from hacrl_megatron.plan.report import agent_dict, assumptions_dict
+
+    for name in ("nodes", "gpus_per_node"):
+        value = getattr(args, name)
+        if value is None or value < 1:
+            raise _BadInput(f"--preset needs --{name.replace('_', '-')} >= 1 (got {value})")
+    cluster = _cluster(args, args.nodes, args.gpus_per_node)
+    data = read_preset(args.preset)
+    for ov in args.overrides:
+        apply_override(data, ov)
+    cfg = from_dict(ExperimentConfig, data).validate()
+    plan = plan_experiment(cfg, cluster, data)
+    agents = [agent_dict(p, src.split(": ", 1)[1]) for p, src in zip(plan.agents, plan.sources)]
+    return {"mode": "experiment", "preset": args.preset, "agents": agents,
+            "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
+                        "gpu_memory_gib": cluster.gpu_memory_gib},
+            "rollout": None if plan.rollout is None else vars(plan.rollout),
+            "step_time_s": {k: round(v, 2) for k, v in plan.step.items()},
+            "assumptions": assumptions_dict(plan.assumptions, cluster), "notes": list(plan.notes),
+            "overrides": list(plan.overrides), "preset_yaml": plan.preset_yaml}
+
+
+def _model(args: argparse.Namespace) -> dict[str, Any]:
+    from hacrl_megatron.plan.memory import Layout, Workload
+    from hacrl_megatron.plan.params import arch_from_config
+    from hacrl_megatron.plan.report import agent_dict, assumptions_dict
+    from hacrl_megatron.plan.search import AgentWork, Rollout, evaluate
+    from hacrl_megatron.plan.timing import Assumptions, Tokens
+
+    for name in ("tp", "pp", "dp"):
+        value = getattr(args, name)
+        if value is None or value < 1:
+            raise _BadInput(f"--model needs --{name} >= 1 (got {value})")
+    if args.overrides:
+        raise _BadInput(f"overrides {args.overrides} need --preset (--model takes a layout, not a config)")
+    name = os.path.basename(os.path.normpath(os.path.dirname(args.model) if args.model.endswith(".json")
+                                             else args.model)) or "model"
+    spec = arch_from_config(args.model)
+    if args.sequence_parallel and args.tp < 2:
+        raise _BadInput(f"model {name!r}: --sequence-parallel needs --tp > 1 (got {args.tp})")
+    gpus_per_node = max(8, args.tp)
+    cluster = _cluster(args, 1, gpus_per_node)
+    layout = Layout(args.tp, args.pp, args.dp, args.sequence_parallel, args.recompute, not args.no_dist_opt,
+                    args.grad_dtype)
+    micro = max(1, args.global_batch // args.micro_batch_size)
+    work = Workload(seq_len=args.seq_len, micro_batch=args.micro_batch_size, microbatches=micro)
+    tokens = Tokens(prompts=args.global_batch, samples=1, agents=1, prompt_len=args.seq_len // 4,
+                    max_response_len=args.seq_len - args.seq_len // 4, updates=1, micro_batch=args.micro_batch_size)
+    rollout = None
+    if args.rollout_mem_fraction is not None:
+        if not 0 < args.rollout_mem_fraction < 1:
+            raise _BadInput(f"--rollout-mem-fraction={args.rollout_mem_fraction:g}: must lie in (0, 1)")
+        rollout = Rollout(args.colocation, args.engine_tp or args.tp, args.rollout_mem_fraction, "tensor")
+    plan = evaluate(AgentWork(name, spec, work, tokens), layout, cluster, rollout)
+    return {"mode": "model", "model": args.model, "agents": [agent_dict(plan, args.model)],
+            "workload": {"seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size,
+                         "global_batch": args.global_batch, "grad_dtype": args.grad_dtype},
+            "assumptions": assumptions_dict(Assumptions(), cluster)}
+
+
+def main(args: argparse.Namespace) -> int:
+    from hacrl_megatron.models.provider import ParallelLayoutError, UnsupportedModelError
+    from hacrl_megatron.plan.gpus import UnknownGPUError
+    from hacrl_megatron.plan.search import PlanError
+
+    try:
+        obj = _experiment(args) if args.preset else _model(args)
+    except (PlanError, UnknownGPUError, _BadInput, ParallelLayoutError, UnsupportedModelError, FileNotFoundError,
+            ValueError) as err:
+        from hacrl_megatron.config import ConfigError
+
+        if isinstance(err, ConfigError):
+            raise
+        print(f"hacrl plan: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(obj, indent=1))
+    else:
+        from hacrl_megatron.plan.report import render_text
+
+        print(render_text(obj))
+        if obj.get("preset_yaml"):
+            print("\npreset YAML:\n" + obj["preset_yaml"], end="")
+    return 0

@@ -1,0 +1,262 @@
+"""Per-GPU memory of a Megatron agent and of its rollout engine, term by term (bytes).
+
+Model state (Megatron's accounting, mixed precision with Adam): bf16 weights 2 B/param, fp32 main
+gradients 4 B/param (our DDP reduces gradients in fp32), fp32 master weights + Adam moments
+12 B/param; 18 B/param in all, or ``6 + 12/DP`` when the distributed optimizer shards the 12 over
+the data-parallel ranks. fp32 models (the CPU demo) have no master copy: 4 + 4 + 8/DP.
+
+Activations: Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4 and Table 2, with the layer's
+tensors counted for its real shapes (SwiGLU, grouped-query attention, no dropout) by the same
+method; for the GPT-3 shape (4h GeLU MLP, full multi-head attention, dropout, eager attention)
+:func:`layer_activation_bytes` gives the paper's Table 2 exactly. With 1F1B pipelining, stage ``i``
+of ``p`` keeps ``min(p − i, micro-batches)`` micro-batches in flight (Sec. 4.2.3: the first stage
+holds ``p``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hacrl_megatron.models.provider import RECOMPUTE, ArchSpec
+from hacrl_megatron.plan.params import stage_params
+
+GIB = 2**30
+OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation, per trainer GPU
+ENGINE_RUNTIME_GIB = 2.0  # inside the engine's share: its activations, CUDA graphs, sampler buffers
+ENGINE_RESIDUAL_GIB = 1.0  # a released engine's process (CUDA context) while the trainer runs
+FUSED_WORKSPACE_BYTES = 2**27 * 2  # our log-prob kernel's one [N, V_c] bf16 slice in backward (~2^27)
+COLOCATION = ("separate", "release", "offload", "resident")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A Megatron layout of one agent's trainer."""
+
+    tp: int
+    pp: int
+    dp: int
+    sequence_parallel: bool = False
+    recompute: str = "full"  # none | selective | full
+    distributed_optimizer: bool = True
+    grad_dtype: str = "float32"  # main gradients: float32 (ours: grad_reduce_in_fp32) | bfloat16
+
+    def __post_init__(self) -> None:
+        if self.recompute not in RECOMPUTE:
+            raise ValueError(f"recompute={self.recompute!r}: must be one of {list(RECOMPUTE)}")
+        if self.grad_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"grad_dtype={self.grad_dtype!r}: must be float32 or bfloat16")
+        if min(self.tp, self.pp, self.dp) < 1:
+            raise ValueError(f"tp={self.tp}, pp={self.pp}, dp={self.dp}: sizes must be >= 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.pp * self.dp
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one training micro-batch looks like.
+
+    seq_len: tokens per sequence (prompt + response; micro-batches are padded to the longest).
+    micro_batch: sequences per micro-batch. microbatches: micro-batches per DP rank and update
+    (pipeline in-flight count and bubble). fused_logprobs: our kernel instead of materialised
+    logits. flash_attention: fused attention (Transformer Engine on GPU) keeps no score matrix.
+    """
+
+    seq_len: int
+    micro_batch: int = 1
+    microbatches: int = 64
+    fused_logprobs: bool = True
+    flash_attention: bool = True
+
+
+@dataclass(frozen=True)
+class StageMemory:
+    """Bytes per GPU of one pipeline stage's trainer rank (one TP rank)."""
+
+    stage: int
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float  # layers' saved activations + the last stage's log-prob head
+    logits_avoided: float  # what materialised logits would add on this stage (0 with them on)
+    overhead: float
+
+    @property
+    def static(self) -> float:
+        """Memory that stays while no training step runs (weights, gradients, optimizer)."""
+        return self.weights + self.grads + self.optimizer
+
+    @property
+    def total(self) -> float:
+        return self.static + self.activations + self.overhead
+
+
+def layer_activation_bytes(*, s: int, b: int, h: int, a: int, q: int, kv: int, f: int, t: int, sp: bool,
+                           recompute: str, gated: bool = True, dropout: bool = False, flash: bool = True,
+                           qk_norm: bool = False) -> float:
+    """Saved activations of one transformer layer for one micro-batch on one TP rank, in bytes.
+
+    16-bit activations, 1-byte dropout masks. ``q = heads·head_dim``, ``kv = kv_heads·head_dim``,
+    ``f`` the MLP width. Korthikanti et al. 2022, Table 2:
+
+    * ``full``: only the layer input, ``2sbh`` (``2sbh/t`` with sequence parallelism);
+    * otherwise ``U + P/t + S/t`` where ``U`` (norm inputs, QKV/fc1 inputs, dropout masks:
+      ``10sbh`` for GPT-3) is replicated across TP unless sequence parallelism splits it (``U/t``),
+      ``P`` (Q, K, V, the projection input, the MLP's inner tensors: ``24sbh``) is split by TP, and
+      ``S`` is the attention score matrices (``5as²b``) — kept only by ``none`` with eager attention
+      (``selective`` recomputes them; fused attention never stores them, only a fp32 log-sum-exp).
+    """
+    sbh = s * b * h
+    if recompute == "full":
+        return 2 * sbh / (t if sp else 1)
+    unpart = 8 * sbh + (2 * sbh if dropout else 0)
+    part = 2 * s * b * (q + kv) + 2 * s * b * kv + 2 * s * b * q  # Q and K, V, projection input
+    part += 2 * s * b * (q + kv) if qk_norm else 0  # inputs of the per-head q/k norms
+    part += 2 * s * b * (2 * f + f) if gated else 2 * s * b * (f + f)  # fc1 output(s), fc2 input
+    if recompute == "selective" or flash:
+        scores = 4 * a * s * b if (flash and recompute == "none") else 0  # fp32 log-sum-exp per head
+    else:
+        scores = (2 + (3 if dropout else 0)) * a * s * s * b  # softmax out (+ dropout mask and out)
+    return (unpart / t if sp else unpart) + part / t + scores / t
+
+
+def _layer_bytes(spec: ArchSpec, layout: Layout, work: Workload, recompute: str) -> float:
+    return layer_activation_bytes(
+        s=work.seq_len, b=work.micro_batch, h=spec.hidden_size, a=spec.num_heads, q=spec.num_heads * spec.head_dim,
+        kv=spec.num_kv_heads * spec.head_dim, f=spec.ffn_hidden_size, t=layout.tp, sp=layout.sequence_parallel,
+        recompute=recompute, flash=work.flash_attention, qk_norm=spec.qk_norm)
+
+
+def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, fused: bool) -> float:
+    """The log-prob head's saved memory on the last stage for one micro-batch.
+
+    Materialised (Megatron's vocab-parallel path): bf16 logits and their fp32 softmax for
+    backward, ``6 B × tokens × V_pad/t``. Fused (ours): fp32 log-sum-exp and log-prob per token
+    plus one bounded backward slice (:data:`FUSED_WORKSPACE_BYTES`)."""
+    tokens = work.seq_len * work.micro_batch
+    if fused:
+        return 8 * tokens + FUSED_WORKSPACE_BYTES
+    return 6 * tokens * spec.padded_vocab_size(layout.tp) / layout.tp
+
+
+def model_state_bytes(params: int, dp: int, distributed_optimizer: bool, dtype: str = "bfloat16",
+                      grad_dtype: str = "float32") -> tuple[float, ...]:
+    """(weights, grads, optimizer) bytes of ``params`` parameters on one GPU (module docstring;
+    ``grad_dtype="bfloat16"``: gradients reduced in bf16, 2 B/param, as NeMo-RL's default)."""
+    half = dtype in ("bfloat16", "float16")
+    weights = params * (2 if half else 4)
+    grads = params * (2 if grad_dtype == "bfloat16" and half else 4)
+    optimizer = params * ((4 if half else 0) + 8)
+    return float(weights), float(grads), optimizer / (dp if distributed_optimizer else 1)
+
+
+def trainer_memory(spec: ArchSpec, layout: Layout, work: Workload) -> list[StageMemory]:
+    """:class:`StageMemory` of every pipeline stage (raises ParallelLayoutError for bad layouts)."""
+    per_stage = stage_params(spec, layout.tp, layout.pp)
+    layers = spec.num_layers // layout.pp
+    layer = _layer_bytes(spec, layout, work, layout.recompute)
+    # full recompute re-materialises one layer of one micro-batch at a time in backward
+    working = _layer_bytes(spec, layout, work, "selective") if layout.recompute == "full" else 0.0
+    out = []
+    for i, params in enumerate(per_stage):
+        in_flight = min(layout.pp - i, work.microbatches)
+        act = layers * layer * in_flight + working
+        avoided = 0.0
+        if i == layout.pp - 1:
+            act += logits_bytes(spec, layout, work, work.fused_logprobs)
+            if work.fused_logprobs:
+                avoided = logits_bytes(spec, layout, work, False) - logits_bytes(spec, layout, work, True)
+        weights, grads, optimizer = model_state_bytes(params, layout.dp, layout.distributed_optimizer, spec.dtype,
+                                                      layout.grad_dtype)
+        out.append(StageMemory(i, params, weights, grads, optimizer, act, avoided, OVERHEAD_GIB * GIB))
+    return out
+
+
+@dataclass(frozen=True)
+class EngineMemory:
+    """One rollout engine GPU: its share, the weights it holds, and the KV cache left."""
+
+    tp: int
+    share: float  # bytes the engine takes: fraction × GPU memory
+    weights: float
+    runtime: float
+    kv_cache: float  # share − weights − runtime (negative: the engine does not fit)
+    kv_bytes_per_token: float  # per GPU
+    kv_tokens: int  # tokens of context the engine can hold (all its GPUs together hold the same)
+
+    def sequences(self, seq_len: int) -> int:
+        return max(0, self.kv_tokens // seq_len)
+
+
+def engine_memory(spec: ArchSpec, engine_tp: int, fraction: float, gpu_memory_gib: float) -> EngineMemory:
+    """An SGLang engine at ``engine_tp`` keeping ``fraction`` of each GPU (``--mem-fraction-static``:
+    weights and KV cache). KV heads are split over the engine's TP and replicated when TP exceeds
+    them (one head per GPU)."""
+    share = fraction * gpu_memory_gib * GIB
+    weights = spec.num_parameters() * 2 / engine_tp
+    runtime = ENGINE_RUNTIME_GIB * GIB
+    kv_cache = share - weights - runtime
+    heads_per_gpu = max(1, spec.num_kv_heads // engine_tp)
+    per_token = 2 * spec.num_layers * heads_per_gpu * spec.head_dim * 2
+    tokens = int(kv_cache // per_token) if kv_cache > 0 else 0
+    return EngineMemory(engine_tp, share, weights, runtime, kv_cache, per_token, tokens)
+
+
+@dataclass(frozen=True)
+class GPUMemory:
+    """The most loaded trainer GPU at its peak, as the planner reports it (bytes).
+
+    ``terms`` are those of the phase that sets the peak (they sum to ``total``): weights, grads,
+    optimizer, activations, engine, overhead."""
+
+    stage: StageMemory
+    colocation: str
+    phase: str  # training | rollout
+    terms: dict
+
+    @property
+    def total(self) -> float:
+        return sum(self.terms.values())
+
+    @property
+    def engine(self) -> float:
+        return self.terms["engine"]
+
+
+def phase_terms(stage: StageMemory, engine_share: float, colocation: str) -> dict[str, dict[str, float]]:
+    """Bytes by term of a trainer GPU that may host an engine, per phase.
+
+    ``separate``/no engine: the trainer alone. ``resident``: the engine keeps its share all the
+    time. ``release`` (ours: SGLang ``release_memory_occupation`` while training): training phase
+    = trainer + a released engine's residue; rollout phase = the trainer's weights, gradients and
+    optimizer state (they stay) + the engine's share. ``offload`` (NeMo-RL, verl: the trainer's
+    gradients and optimizer state go to host memory while generating): rollout phase = the bf16
+    weights + the engine's share.
+    """
+    if colocation not in COLOCATION:
+        raise ValueError(f"colocation={colocation!r}: must be one of {list(COLOCATION)}")
+    train = {"weights": stage.weights, "grads": stage.grads, "optimizer": stage.optimizer,
+             "activations": stage.activations, "engine": 0.0, "overhead": stage.overhead}
+    if colocation == "separate" or engine_share == 0:
+        return {"training": train}
+    if colocation == "resident":
+        return {"training": {**train, "engine": engine_share}}
+    kept = colocation == "release"
+    rollout = {"weights": stage.weights, "grads": stage.grads if kept else 0.0,
+               "optimizer": stage.optimizer if kept else 0.0, "activations": 0.0, "engine": engine_share,
+               "overhead": stage.overhead}
+    return {"training": {**train, "engine": ENGINE_RESIDUAL_GIB * GIB}, "rollout": rollout}
+
+
+def most_loaded(stages: list[StageMemory], engine_share: float, colocation: str) -> GPUMemory:
+    """The stage and phase whose GPU peaks highest (ties: the first stage, training before rollout)."""
+    best = None
+    for st in stages:
+        for phase, terms in phase_terms(st, engine_share, colocation).items():
+            cand = GPUMemory(st, colocation, phase, terms)
+            if best is None or cand.total > best.total:
+                best = cand
+    assert best is not None
+    return best

@@ -1,0 +1,153 @@
+"""The planner's output: one JSON object (``--json``) or a text table, with every assumption stated."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hacrl_megatron.plan.memory import (
+    ENGINE_RESIDUAL_GIB,
+    ENGINE_RUNTIME_GIB,
+    FUSED_WORKSPACE_BYTES,
+    GIB,
+    OVERHEAD_GIB,
+    Layout,
+)
+from hacrl_megatron.plan.params import rank_params
+from hacrl_megatron.plan.search import AgentPlan, Cluster
+from hacrl_megatron.plan.timing import Assumptions
+
+ACCOUNTING = (
+    "model state per parameter (Megatron mixed precision + Adam): bf16 weights 2 B, fp32 main grads 4 B "
+    "(bf16 grads 2 B when grad_dtype=bfloat16), fp32 master weights + Adam moments 12 B: 18 B/param, "
+    "6 + 12/DP with the distributed optimizer",
+    "activations: Korthikanti et al. 2022 (arXiv 2205.05198) Table 2 method, counted for the model's real "
+    "shapes (SwiGLU, grouped-query attention, no dropout; 16-bit activations); fused attention (Transformer "
+    "Engine) keeps no score matrix, so 'none' and 'selective' differ only by a fp32 log-sum-exp",
+    "1F1B pipeline: stage i of p keeps min(p - i, micro-batches per DP rank) micro-batches in flight; full "
+    "recompute adds one re-materialised layer of one micro-batch",
+    "log-prob head on the last stage: materialised logits keep bf16 logits + fp32 softmax, 6 B x tokens x "
+    f"V_pad/tp; our fused kernel keeps 8 B per token plus one {FUSED_WORKSPACE_BYTES / 2**20:.0f} MiB backward slice",
+    f"fixed reserve per trainer GPU: {OVERHEAD_GIB:g} GiB (CUDA context, NCCL buffers, allocator fragmentation)",
+    f"rollout engine: keeps mem_fraction x GPU memory (SGLang --mem-fraction-static): bf16 weights / engine TP, "
+    f"{ENGINE_RUNTIME_GIB:g} GiB runtime, the rest KV cache (2 x layers x KV heads per GPU x head_dim x 2 B per "
+    "token; KV heads replicated when engine TP exceeds them)",
+    "colocation: separate (engines on their own GPUs) | release (ours: the engine frees its memory while the "
+    f"trainer steps, {ENGINE_RESIDUAL_GIB:g} GiB residue; the trainer's weights, grads and optimizer stay "
+    "while it generates) | offload (NeMo-RL/verl: trainer grads and optimizer in host memory while generating) | "
+    "resident (the engine never frees its share); the peak is the larger of the two phases",
+    "memory_gib describes the most loaded pipeline stage at its peak phase; 1 GiB = 2^30 bytes (an '80 GB' "
+    "H100 has 74.5 GiB)",
+)
+VOCAB_RULE = ("vocabulary padded to a multiple of tp (the provider's make_vocab_size_divisible_by = 1 rule); "
+              "padded rows are held by the embedding and the output layer")
+
+
+def _gib(x: float) -> float:
+    return round(x / GIB, 2)
+
+
+def layout_dict(layout: Layout) -> dict[str, Any]:
+    return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
+            "recompute": layout.recompute, "distributed_optimizer": layout.distributed_optimizer}
+
+
+def agent_dict(p: AgentPlan, source: str | None = None) -> dict[str, Any]:
+    """The JSON record of one agent (keys of the ``hacrl plan --json`` contract first)."""
+    terms = {k: _gib(v) for k, v in p.peak.terms.items()}
+    memory = {k: terms[k] for k in ("weights", "grads", "optimizer", "activations", "engine")}
+    memory["overhead"] = terms["overhead"]
+    memory["total"] = _gib(p.peak.total)
+    rp = rank_params(p.spec, p.layout.tp, p.layout.pp)
+    last = p.stages[-1]
+    out: dict[str, Any] = {
+        "name": p.name,
+        "layout": layout_dict(p.layout),
+        "params_per_stage": list(rp.per_stage),
+        "memory_gib": memory,
+        "fits": p.fits,
+        "reasons": list(p.reasons),
+        "peak": {"stage": p.peak.stage.stage, "phase": p.peak.phase, "colocation": p.peak.colocation},
+        "stages_gib": [{"stage": s.stage, "params": s.params, "activations": _gib(s.activations),
+                        "total": _gib(s.total)} for s in p.stages],
+        "params": {"hf_total": rp.hf_total, "all_ranks": rp.all_ranks, "tp_replicated_extra": rp.tp_replicated_extra,
+                   "vocab_padding_extra": rp.vocab_padding_extra, "tied_copy_extra": rp.tied_copy_extra,
+                   "padded_vocab": p.spec.padded_vocab_size(p.layout.tp)},
+        "logits_gib": _logits(p, last),
+        "gpus": {"partition": p.gpus, "trainer": p.trainer_gpus, "engines": p.engine_gpus},
+        "time_s": {k: (round(v, 3) if isinstance(v, float) else v) for k, v in p.times.items()},
+    }
+    if p.rollout is not None and p.engine is not None:
+        e = p.engine
+        out["rollout"] = {"colocation": p.rollout.colocation, "engine_tp": p.rollout.engine_tp, "engines": p.engines,
+                          "mem_fraction": p.rollout.fraction, "transport": p.rollout.transport,
+                          "share_gib": _gib(e.share), "weights_gib": _gib(e.weights), "kv_cache_gib": _gib(e.kv_cache),
+                          "kv_tokens": e.kv_tokens, "kv_bytes_per_token_per_gpu": e.kv_bytes_per_token}
+    if source:
+        out["source"] = source
+    return out
+
+
+def _logits(p: AgentPlan, last: Any) -> dict[str, float]:
+    """The last stage's activations with our fused log-prob kernel and with materialised logits."""
+    return {"last_stage_activations_with_fused_kernel": _gib(last.activations),
+            "last_stage_activations_with_materialised_logits": _gib(last.activations + last.logits_avoided),
+            "saved_by_fused_kernel": _gib(last.logits_avoided)}
+
+
+def assumptions_dict(a: Assumptions, cluster: Cluster) -> dict[str, Any]:
+    g = cluster.gpu
+    return {"time": a.as_dict(), "gpu": {"name": g.name, "bf16_tflops": g.bf16_tflops, "hbm_gbps": g.hbm_gbps,
+                                        "nvlink_gbps": g.nvlink_gbps, "network_gbps_per_gpu": g.network_gbps},
+            "memory": list(ACCOUNTING), "vocab_padding": VOCAB_RULE}
+
+
+def text_table(agents: list[dict[str, Any]]) -> str:
+    """A fixed-width table: one row per agent."""
+    head = (f"{'agent':24s} {'tp':>3s} {'pp':>3s} {'dp':>3s} {'sp':>3s} {'recompute':>9s} {'w':>6s} {'g':>6s} "
+            f"{'opt':>6s} {'act':>6s} {'eng':>6s} {'total':>7s}  fits")
+    rows = [head, "-" * len(head)]
+    for a in agents:
+        lay, m = a["layout"], a["memory_gib"]
+        rows.append(f"{a['name'][:24]:24s} {lay['tp']:3d} {lay['pp']:3d} {lay['dp']:3d} "
+                    f"{'y' if lay['sequence_parallel'] else 'n':>3s} {lay['recompute']:>9s} {m['weights']:6.1f} "
+                    f"{m['grads']:6.1f} {m['optimizer']:6.1f} {m['activations']:6.1f} {m['engine']:6.1f} "
+                    f"{m['total']:7.1f}  {'yes' if a['fits'] else 'NO'}")
+    return "\n".join(rows)
+
+
+def render_text(obj: dict[str, Any]) -> str:
+    """Human-readable plan: table, per-agent details, step time, assumptions, overrides / YAML."""
+    lines = ["memory per GPU in GiB (most loaded pipeline stage, peak phase)", text_table(obj["agents"]), ""]
+    for a in obj["agents"]:
+        lines.append(f"{a['name']}: params per stage (one TP rank) {a['params_per_stage']}; HF total "
+                     f"{a['params']['hf_total']:,}; padded vocab {a['params']['padded_vocab']}")
+        lg = a["logits_gib"]
+        lines.append(f"  fused log-prob kernel saves {lg['saved_by_fused_kernel']:.2f} GiB on the last stage "
+                     f"({lg['last_stage_activations_with_materialised_logits']:.2f} -> "
+                     f"{lg['last_stage_activations_with_fused_kernel']:.2f} GiB of activations)")
+        if "rollout" in a:
+            r = a["rollout"]
+            lines.append(f"  rollout: {r['engines']} x TP{r['engine_tp']} engine(s), {r['colocation']}, "
+                         f"{r['mem_fraction']:g} of each GPU: weights {r['weights_gib']:.1f} GiB, KV cache "
+                         f"{r['kv_cache_gib']:.1f} GiB = {r['kv_tokens']:,} tokens; sync by {r['transport']}")
+        t = a["time_s"]
+        if t:
+            lines.append("  time (s): " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
+                                                   for k, v in t.items()))
+        lines += [f"  NOT FITTING: {r}" for r in a["reasons"]]
+    if obj.get("step_time_s"):
+        s = obj["step_time_s"]
+        lines += ["", f"step estimate: {s['total_s']:.1f} s = rollout {s['rollout_s']:.1f} + train {s['train_s']:.1f}"
+                      f" + sync {s['sync_s']:.1f}; GSPOx2 would roll out {s['gspo_x2_rollout_s']:.1f} s "
+                      f"(HACPO saves {s['hacpo_rollout_saving_s']:.1f} s per step)"]
+    lines += ["", "assumptions:"] + [f"  - {x}" for x in obj["assumptions"]["memory"]]
+    lines.append(f"  - {obj['assumptions']['vocab_padding']}")
+    lines.append("  - time: " + ", ".join(f"{k}={v}" for k, v in obj["assumptions"]["time"].items()))
+    g = obj["assumptions"]["gpu"]
+    lines.append(f"  - GPU {g['name']}: {g['bf16_tflops']:g} TFLOP/s bf16 dense, {g['hbm_gbps']:g} GB/s HBM, "
+                 f"NVLink {g['nvlink_gbps']:g} GB/s, network {g['network_gbps_per_gpu']:g} GB/s per GPU")
+    for note in obj.get("notes", []):
+        lines.append(f"  - note: {note}")
+    if obj.get("overrides"):
+        lines += ["", "overrides (hacrl train / hacrl launch accept them as they are):", "  " + " ".join(obj["overrides"])]
+    return "\n".join(lines)
