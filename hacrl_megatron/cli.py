@@ -5,6 +5,7 @@
     hacrl eval ...                                             evaluate an agent on benchmarks
     hacrl convert ...                                          HF / GGUF ↔ Megatron checkpoints
     hacrl launch ...                                           submit a job through NeMo-Run
+    hacrl plan ...                                             will a layout fit; layouts for a whole cluster
     hacrl config [--preset ...] [overrides ...]                print the resolved, validated config
     hacrl presets                                              list built-in presets
 
@@ -32,6 +33,7 @@ EXTERNAL_COMMANDS = {
     "eval": ("hacrl_megatron.eval.cli", "evaluate agents on benchmarks (avg@k, pass@k, best@k)"),
     "convert": ("hacrl_megatron.cli_convert", "convert HF/GGUF checkpoints to Megatron and back"),
     "launch": ("hacrl_megatron.launch.cli", "run a hacrl job through NeMo-Run (local, Slurm + Ray cluster, Docker)"),
+    "plan": ("hacrl_megatron.plan.cli", "memory, layout and step-time planner for a cluster (docs/planner.md)"),
 }
 
 
