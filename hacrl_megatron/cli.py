@@ -24,6 +24,7 @@ import yaml
 
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
 from hacrl_megatron.errors import InputError
+from hacrl_megatron.trainer.run_folder import OutOfSpaceError, RunFolderError, resume_note
 
 DEFAULT_PRESET = "cpu_demo"
 
@@ -78,12 +79,16 @@ def log_to_console() -> None:
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
-    from hacrl_megatron.trainer.loop import train
-
     cfg = load_config(args.preset, args.overrides)
     check_data_files(cfg.data)  # before any import of torch, warm-up or model build
     log_to_console()
-    train(cfg)
+    try:
+        from hacrl_megatron.trainer.loop import train
+
+        train(cfg)
+    except KeyboardInterrupt:  # Ctrl-C: one line saying where to continue from, exit 130 (128 + SIGINT)
+        print(f"hacrl: interrupted; {resume_note(cfg)}", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -136,6 +141,15 @@ def main(argv: list[str] | None = None) -> int:
     except InputError as err:  # a data file, checkpoint or tokenizer that cannot be used; it is named
         print(f"hacrl: {err}", file=sys.stderr)
         return 2
+    except RunFolderError as err:  # the output folder is in use or holds another run
+        print(f"hacrl: {err}", file=sys.stderr)
+        return 2
+    except OutOfSpaceError as err:
+        print(f"hacrl: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("hacrl: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

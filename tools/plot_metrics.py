@@ -22,7 +22,7 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/plot_metrics.py` from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from hacrl_megatron.trainer.metrics import read_metrics  # noqa: E402
+from hacrl_megatron.trainer.metrics import read_metrics_lines  # noqa: E402
 
 DEFAULT_KEYS = ("reward_mean", "eval_accuracy", "hacpo/cross_clipfrac", "capability")
 TITLES = {
@@ -49,14 +49,20 @@ def metrics_path(run: str | Path) -> Path:
 
 
 def load_runs(runs: list[str | Path]) -> dict[str, list[dict[str, float]]]:
-    """Run label → metric rows sorted by step. Labels are folder names, or full paths when those collide."""
+    """Run label → metric rows sorted by step. Labels are folder names, or full paths when those collide.
+
+    A line that is not a metrics row (torn by a killed run) is reported on stderr with its line number
+    and skipped.
+    """
     paths = [metrics_path(r) for r in runs]
     names = [p.parent.name or str(p.parent) for p in paths]
     if len(set(names)) < len(names):
         names = [str(p.parent) for p in paths]
     out = {}
     for name, path in zip(names, paths):
-        rows = read_metrics(path)
+        rows, skipped = read_metrics_lines(path)
+        for number, why in skipped:  # a run killed mid-write leaves a torn line: report it, plot the rest
+            print(f"warning: {path} line {number}: {why}, skipped", file=sys.stderr)
         if not rows:
             raise PlotError(f"{path}: holds no metric rows")
         out[name] = rows

@@ -12,6 +12,15 @@ every agent has finished, so a crash never leaves a half-written checkpoint behi
 
 Saves are synchronous; see :func:`_in_process_results_queue` for why no multiprocessing Manager
 is started (scripts need no ``if __name__ == "__main__"`` guard).
+
+Damage: :func:`check_files` names a missing or empty ``common.pt``, ``.metadata`` or
+``metadata.json`` before megatron-core reads anything, and read errors of a truncated shard come
+back as :class:`DamagedCheckpointError` naming the checkpoint folder.
+
+Security: torch's distributed-checkpoint ``.metadata`` is a Python pickle, read with
+``pickle.load``, so loading a checkpoint runs whatever code it was made to hold. Load Megatron
+checkpoints (``init_checkpoint``, ``hacrl convert --from-megatron``) only from folders you trust
+(docs/security.md).
 """
 
 from __future__ import annotations
@@ -19,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import os
+import pickle
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,8 +38,31 @@ from hacrl_megatron.models.provider import ArchSpec
 _META = "hacrl_meta"
 _HF_CONFIG = "hf_config"
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+_REQUIRED_FILES = ("metadata.json", "common.pt", ".metadata")  # every torch_dist checkpoint has these
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
              "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm")
+
+
+class DamagedCheckpointError(CheckpointMismatchError):
+    """A checkpoint file is missing, truncated or corrupted; the message names the file."""
+
+
+def check_files(path: str) -> None:
+    """Raise :class:`DamagedCheckpointError` naming the first missing or empty file of a Megatron checkpoint.
+
+    megatron-core reports these cases from deep inside its reader (``metadata is None``, an
+    ``AttributeError`` on its own error path), so they are checked here first.
+    """
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    for name in _REQUIRED_FILES:
+        f = os.path.join(path, name)
+        if not os.path.isfile(f):
+            raise DamagedCheckpointError(f"{path}: {name} is missing (not a complete Megatron checkpoint)")
+        if os.path.getsize(f) == 0:
+            raise DamagedCheckpointError(f"{path}: {name} is empty (damaged checkpoint)")
+    if not any(name.endswith(".distcp") for name in os.listdir(path)):
+        raise DamagedCheckpointError(f"{path}: holds no .distcp tensor shards (not a complete Megatron checkpoint)")
 
 
 def _sharded_state(model: Any, optimizer: Any, with_optimizer: bool, is_loading: bool) -> dict[str, Any]:
@@ -69,6 +102,8 @@ def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
         state[_HF_CONFIG] = hf_config.to_dict()
     _in_process_results_queue()
     dist_checkpointing.save(state, path)
+    if dist.get_rank() == 0:  # every rank's shards and the metadata are written once save returns
+        check_files(path)
 
 
 def _in_process_results_queue() -> None:
@@ -175,12 +210,13 @@ def _common(path: str) -> dict[str, Any]:
     from megatron.core import dist_checkpointing
     from megatron.core.dist_checkpointing.core import CheckpointingException
 
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"checkpoint {path!r} does not exist")
+    check_files(path)
     try:
         common = dist_checkpointing.load_common_state_dict(path)
     except CheckpointingException as err:
         raise CheckpointMismatchError(f"{path}: not an hacrl agent checkpoint ({err})") from err
+    except (EOFError, RuntimeError, pickle.UnpicklingError) as err:  # truncated or corrupted common.pt
+        raise DamagedCheckpointError(f"{path}: common.pt is damaged ({_reason(err)})") from err
     if _META not in common:
         raise CheckpointMismatchError(f"{path}: not an hacrl agent checkpoint (no {_META!r} entry)")
     return common
@@ -219,7 +255,12 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     if restore_state and saved_dist:
         _materialize_adam_state(optimizer)
     template = _sharded_state(model, optimizer, restore_state, is_loading=True)
-    loaded = dist_checkpointing.load(template, path)
+    from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
+
+    try:
+        loaded = dist_checkpointing.load(template, path)
+    except (EOFError, RuntimeError, pickle.UnpicklingError, CheckpointException) as err:  # truncated shard/.metadata
+        raise DamagedCheckpointError(f"{path}: a .distcp tensor shard or .metadata is damaged ({_reason(err)})") from err
     model.load_state_dict(loaded["model"])
     if restore_state:
         with _torch_adam_step_passthrough() if saved_dist else contextlib.nullcontext():
@@ -230,6 +271,17 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     if with_optimizer:
         scheduler.load_state_dict(common["scheduler"])
     return int(common["updates"]) if with_optimizer else 0
+
+
+def _reason(err: BaseException) -> str:
+    """One line for a load error; torch's CheckpointException carries (error, traceback) per rank."""
+    failures = getattr(err, "failures", None)
+    prefix = ""
+    if isinstance(failures, dict) and failures:
+        rank, pair = next(iter(failures.items()))
+        err, prefix = (pair[0] if isinstance(pair, tuple) else pair), f"rank {rank}: "
+    text = str(err).strip().splitlines()
+    return f"{prefix}{type(err).__name__}" + (f": {text[0]}" if text else "")
 
 
 def _has_state(optimizer: Any) -> bool:

@@ -149,7 +149,7 @@ class HFAgent:
         if set(missing) - tied or unexpected:
             raise ValueError(f"{src}: checkpoint does not match model {type(self.model).__name__}: "
                              f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
-        extra = torch.load(src / "optimizer.pt", weights_only=False)
+        extra = torch.load(src / "optimizer.pt", weights_only=True)  # a planted file runs no code
         self.optimizer.load_state_dict(extra["optimizer"])
         self.updates = int(extra["updates"])
 

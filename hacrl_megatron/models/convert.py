@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.errors import InputError
 from hacrl_megatron.models.provider import DTYPES, ArchSpec
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -53,6 +54,11 @@ _LAYER_RULES: dict[str, tuple[str, tuple[str, ...]]] = {
 
 class CheckpointMismatchError(ValueError):
     """An HF checkpoint does not fit the Megatron model (missing tensor, wrong shape, other arch)."""
+
+
+class CorruptCheckpointError(CheckpointMismatchError, InputError):
+    """A checkpoint file that cannot be read (damaged or truncated safetensors, a broken index);
+    the message names the file."""
 
 
 @dataclass(frozen=True)
@@ -118,32 +124,55 @@ class DictSource(TensorSource):
         return t if dim is None else t.narrow(dim, start, (stop if stop is not None else t.shape[dim]) - start)
 
 
+def open_safetensors(fname: str) -> Any:
+    """``safe_open(fname)``; a damaged file raises :class:`CorruptCheckpointError` naming it
+    (safetensors' own errors, e.g. "invalid UTF-8 in header", do not say which file)."""
+    from safetensors import safe_open
+
+    try:
+        return safe_open(fname, framework="pt")
+    except FileNotFoundError:
+        raise CorruptCheckpointError(f"{fname}: safetensors file listed by the checkpoint is missing") from None
+    except Exception as err:  # SafetensorError, OSError: header unreadable or file shorter than it says
+        raise CorruptCheckpointError(
+            f"{fname}: not a readable safetensors file ({type(err).__name__}: {err}); the file is damaged or "
+            "truncated: copy or convert it again"
+        ) from None
+
+
 class SafetensorsSource(TensorSource):
-    """An HF checkpoint directory (``model.safetensors`` or an index of shards), read lazily."""
+    """An HF checkpoint directory (``model.safetensors`` or an index of shards), read lazily.
+
+    Every shard's header is read up front, so a damaged or missing file is named before any
+    conversion work starts (:class:`CorruptCheckpointError`).
+    """
 
     def __init__(self, path: str) -> None:
-        from safetensors import safe_open
-
-        self._safe_open = safe_open
         index = os.path.join(path, "model.safetensors.index.json")
+        self._handles: dict[str, Any] = {}
         if os.path.exists(index):
-            with open(index) as f:
-                weight_map = json.load(f)["weight_map"]
+            try:
+                with open(index) as f:
+                    weight_map = json.load(f)["weight_map"]
+            except (json.JSONDecodeError, KeyError, TypeError, UnicodeDecodeError) as err:
+                raise CorruptCheckpointError(f"{index}: not a safetensors index ({type(err).__name__}: {err})") from None
             self._file = {k: os.path.join(path, v) for k, v in weight_map.items()}
+            for fname in sorted(set(self._file.values())):
+                self._handles[fname] = open_safetensors(fname)
         else:
             files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
             if not files:
                 raise FileNotFoundError(f"{path}: no *.safetensors files (and no model.safetensors.index.json)")
             self._file = {}
             for fname in files:
-                with safe_open(os.path.join(path, fname), framework="pt") as f:
-                    self._file.update({k: os.path.join(path, fname) for k in f.keys()})
-        self._handles: dict[str, Any] = {}
+                full = os.path.join(path, fname)
+                self._handles[full] = open_safetensors(full)
+                self._file.update(dict.fromkeys(self._handles[full].keys(), full))
 
     def _slice(self, name: str) -> Any:
         fname = self._file[name]
         if fname not in self._handles:
-            self._handles[fname] = self._safe_open(fname, framework="pt")
+            self._handles[fname] = open_safetensors(fname)
         return self._handles[fname].get_slice(name)
 
     def keys(self) -> set[str]:
@@ -365,6 +394,8 @@ def save_hf_checkpoint(
         fname = f"model-{len(files) + 1:05d}.safetensors"
         save_file({k: v.contiguous().cpu() for k, v in bucket.items()}, os.path.join(out_dir, fname),
                   metadata={"format": "pt"})
+        # safetensors creates its files 0600; a deployable folder is readable like its config.json (0644)
+        os.chmod(os.path.join(out_dir, fname), os.stat(os.path.join(out_dir, "config.json")).st_mode & 0o777)
         files.append(fname)
         weight_map.update(dict.fromkeys(bucket, fname))
         bucket, size = {}, 0

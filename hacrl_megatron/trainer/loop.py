@@ -22,10 +22,11 @@ from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
-from hacrl_megatron.trainer.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
+from hacrl_megatron.trainer.run_folder import claim_run_folder, close_all
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 
 logger = logging.getLogger(__name__)
@@ -155,8 +156,10 @@ def _save(run: Run) -> None:
 
 
 def _resume(run: Run) -> bool:
-    path = latest_checkpoint(_checkpoint_dir(run.exp))
+    root = _checkpoint_dir(run.exp)
+    path = find_resume_checkpoint(root)  # the newest that verifies; damaged newer ones are skipped (logged)
     if path is None:
+        logger.warning("checkpoint.resume=true but no checkpoint in %s: starting fresh", root)
         return False
     state = load_checkpoint(path, run.runtimes)
     run.tracker.load_state_dict(state["tracker"])
@@ -164,7 +167,7 @@ def _resume(run: Run) -> bool:
     run.step = int(state["step"])
     for rt in run.runtimes:
         rt.sync_weights()
-    logger.info("resumed from %s at step %d", path, run.step)
+    logger.info("resumed from step %d (%s)", run.step, path)
     return True
 
 
@@ -177,11 +180,21 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
 
 
 def train(exp: ExperimentConfig) -> Run:
-    """Run (or resume) a whole experiment; returns the finished :class:`Run`."""
+    """Run (or resume) a whole experiment; returns the finished :class:`Run`.
+
+    Before any work the run folder is locked for the run's lifetime and checked: one run per folder,
+    continued only with ``checkpoint.resume=true`` and an agreeing config (trainer/run_folder.py).
+    """
+    with claim_run_folder(exp):
+        return _train(exp)
+
+
+def _train(exp: ExperimentConfig) -> Run:
     run = setup(exp)
     exp = run.exp
     resumed = exp.checkpoint.resume and _resume(run)
     out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step)
+    failure = None
     try:
         if not resumed and exp.train.eval_every and exp.data.eval_size:
             out.log(0, _evaluate(run, out), advance=False)
@@ -199,9 +212,9 @@ def train(exp: ExperimentConfig) -> Run:
             out.write(accuracy_table(run.history, exp))
         for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
             out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
-    finally:
-        out.close()
-        run.verifier.close()
-        for rt in run.runtimes:
-            rt.close()
+    except BaseException as err:
+        failure = err
+        raise
+    finally:  # the error that stopped the run stays primary (a full disk also fails closing the metrics)
+        close_all([out.close, run.verifier.close, *(rt.close for rt in run.runtimes)], primary=failure)
     return run

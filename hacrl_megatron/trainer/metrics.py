@@ -1,19 +1,97 @@
 """Metric sinks: JSONL (always), TensorBoard and wandb (when asked and installed), a progress bar.
 
 Keys are namespaced per agent (``llama/hacpo/cross_clipfrac``).
+
+``metrics.jsonl`` survives interruptions: each row is one ``write`` call, a row that fails half
+way (a full disk) is cut off again at once, a torn last line left by a killed run is removed when
+the file is opened again (resume), and :func:`read_metrics` skips a line that is not valid JSON,
+reporting its line number.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.trainer.run_folder import OutOfSpaceError, close_all, free_bytes, megabytes
 
 logger = logging.getLogger(__name__)
+
+
+def repair_torn_tail(path: Path) -> int:
+    """Cut ``path`` back to its last complete line; returns the number of bytes removed (0: intact).
+
+    A run killed (or out of space) in the middle of a row leaves a last line without its newline;
+    appending the next row to it would merge the two into one unreadable line.
+    """
+    if not path.is_file():
+        return 0
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        if size == 0:
+            return 0
+        f.seek(size - 1)
+        if f.read(1) == b"\n":
+            return 0
+        keep = 0
+        end = size
+        while end > 0:  # scan back block by block for the last newline
+            start = max(0, end - 65536)
+            f.seek(start)
+            cut = f.read(end - start).rfind(b"\n")
+            if cut >= 0:
+                keep = start + cut + 1
+                break
+            end = start
+        f.seek(0)
+        line = f.read(keep).count(b"\n") + 1
+        f.truncate(keep)
+    logger.warning("%s: removed a torn last line (line %d, %d bytes) left by an interrupted run", path, line,
+                   size - keep)
+    return size - keep
+
+
+class JsonlWriter:
+    """Appends one JSON object per line to ``path``; a failed write leaves no partial line behind."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        repair_torn_tail(path)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, row: dict[str, Any]) -> None:
+        data = (json.dumps(row) + "\n").encode()
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        try:
+            _write_all(self._fd, data)
+        except OSError as err:
+            try:
+                os.ftruncate(self._fd, start)
+            except OSError:
+                logger.warning("%s: could not remove a partly written row (repaired on the next open)", self.path)
+            if err.errno in (errno.ENOSPC, errno.EDQUOT):
+                raise OutOfSpaceError(f"no space left on {self.path.parent}, needed ~{megabytes(len(data))} MB "
+                                      f"for a row of {self.path.name} ({megabytes(free_bytes(self.path.parent))} MB "
+                                      "free)") from err
+            raise
+
+    def close(self) -> None:
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until all of ``data`` is written (a write may be partial)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 class MetricsLogger:
@@ -21,7 +99,7 @@ class MetricsLogger:
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = exp.log
-        self._jsonl = (out_dir / "metrics.jsonl").open("a") if self.cfg.jsonl else None
+        self._jsonl = JsonlWriter(out_dir / "metrics.jsonl") if self.cfg.jsonl else None
         self._tb = None
         if self.cfg.tensorboard:
             try:
@@ -49,8 +127,7 @@ class MetricsLogger:
             advance: bool = True) -> None:
         clean = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
         if self._jsonl is not None and step % self.cfg.every == 0:
-            self._jsonl.write(json.dumps({"step": step, "time": time.time() - self._start, **clean}) + "\n")
-            self._jsonl.flush()
+            self._jsonl.write({"step": step, "time": time.time() - self._start, **clean})
         if self._tb is not None:
             for key, value in clean.items():
                 self._tb.add_scalar(key, value, step)
@@ -69,22 +146,38 @@ class MetricsLogger:
             print(text)
 
     def close(self) -> None:
-        if self._bar is not None:
-            self._bar.close()
-        if self._jsonl is not None:
-            self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
-        if self._wandb is not None:
-            self._wandb.finish()
+        """Close every sink (all are tried; the first error is raised after the others closed)."""
+        closers = [self._bar and self._bar.close, self._jsonl and self._jsonl.close, self._tb and self._tb.close,
+                   self._wandb and self._wandb.finish]
+        close_all([c for c in closers if c], primary=None)
+
+
+def read_metrics_lines(path: str | Path) -> tuple[list[dict[str, float]], list[tuple[int, str]]]:
+    """(rows sorted by step, [(line number, why)] of skipped lines) of a metrics.jsonl file.
+
+    The last row wins for a step logged twice (a resumed run repeats the steps after its checkpoint).
+    A line that is not a JSON object with a ``step`` (a torn write) is skipped, not fatal.
+    """
+    rows: dict[int, dict[str, float]] = {}
+    skipped: list[tuple[int, str]] = []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                step = int(row["step"])
+            except (ValueError, KeyError, TypeError) as err:
+                torn = "" if line.endswith("\n") else ", no newline"
+                skipped.append((number, f"not a metrics row ({type(err).__name__}{torn}; a torn write?)"))
+                continue
+            rows[step] = row
+    return [rows[s] for s in sorted(rows)], skipped
 
 
 def read_metrics(path: str | Path) -> list[dict[str, float]]:
-    """Rows of a metrics.jsonl file (the last row wins for a step logged twice after a resume)."""
-    rows: dict[int, dict[str, float]] = {}
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                row = json.loads(line)
-                rows[int(row["step"])] = row
-    return [rows[s] for s in sorted(rows)]
+    """Rows of a metrics.jsonl file sorted by step; skipped lines are logged with their line number."""
+    rows, skipped = read_metrics_lines(path)
+    for number, why in skipped:
+        logger.warning("%s line %d: %s, skipped", path, number, why)
+    return rows

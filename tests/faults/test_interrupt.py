@@ -1,0 +1,79 @@
+"""Ctrl-C: `hacrl train` exits 130 with one line naming the last checkpoint, without a traceback,
+and leaves a folder the next run can resume from."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hacrl_megatron.cli import main
+from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint
+from hacrl_megatron.trainer.metrics import read_metrics
+from tests.faults.trainer_helpers import exp_with, preset_file, tiny
+
+
+def test_ctrl_c_exits_130_with_one_line_naming_the_last_checkpoint(tmp_path, monkeypatch, capsys):
+    exp = tiny(tmp_path, steps=4, every=2)
+    root = loop._checkpoint_dir(exp)
+
+    def interrupted_after_two_checkpoints(cfg):
+        for step in ("step-000002", "step-000004"):
+            (root / step).mkdir(parents=True)
+            (root / step / "COMPLETE").write_text(step[-1])
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted_after_two_checkpoints)
+    assert main(["train", "--preset", preset_file(tmp_path, exp)]) == 130
+    err = capsys.readouterr().err
+    assert err == (f"hacrl: interrupted; last checkpoint: {root / 'step-000004'} "
+                   "(continue with checkpoint.resume=true)\n")
+
+
+def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path, monkeypatch, capsys):
+    exp = tiny(tmp_path)
+
+    def interrupted(cfg):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(loop, "train", interrupted)
+    assert main(["train", "--preset", preset_file(tmp_path, exp)]) == 130
+    root = loop._checkpoint_dir(exp)
+    assert capsys.readouterr().err == f"hacrl: interrupted; no checkpoint written yet in {root}\n"
+
+
+@pytest.mark.slow
+def test_real_sigint_to_a_running_train_process(tmp_path):
+    """SIGINT to the whole process group, as a terminal's Ctrl-C does (verifier workers included)."""
+    exp = exp_with(tiny(tmp_path, steps=500, every=1), train={"verifier_workers": 1})
+    root = loop._checkpoint_dir(exp)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--preset", preset_file(tmp_path, exp)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not (root / "step-000002" / "COMPLETE").exists():
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"hacrl: interrupted; last checkpoint: {root}/step-")
+    named = Path(last.split("last checkpoint: ")[1].split(" ")[0])
+    assert named == find_resume_checkpoint(root) and list(root.glob(".tmp-*")) == []
+    resumed = loop.train(exp_with(exp, train={"steps": int(named.name[-6:]) + 1}, checkpoint={"resume": True}))
+    assert resumed.step == int(named.name[-6:]) + 1
+    assert read_metrics(Path(exp.output_dir) / "metrics.jsonl")[-1]["step"] == resumed.step
