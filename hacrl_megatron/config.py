@@ -28,6 +28,8 @@ from hacrl_megatron.errors import InputError
 PRESET_DIR = Path(__file__).parent / "presets"
 
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
+CROSS_CLIP_MODES = ("clamp", "pessimistic")
+CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang")
@@ -159,6 +161,9 @@ class HACPOConfig:
     baseline_guard: bool = True  # μ > max_reward ⇒ μ = mean of learner's own rewards
     max_reward: float = 1.0
     max_abs_log_ratio: float = 10.0  # clamp |log s| (docs/algorithm.md §3)
+    cross_clip_mode: str = "clamp"  # clamp (eq. 12-14) | pessimistic: min(s·A, clamp(s)·A) (docs/algorithm.md §5a)
+    cross_window: str = "fixed"  # fixed (eq. 14) | adaptive: per-pair log-space centre (docs/algorithm.md §5b)
+    adaptive_window_steps: int = 5  # K past steps of the adaptive window's running median
 
 
 @dataclass
@@ -518,6 +523,12 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(h.capability_window >= 1, "hacpo.capability_window", h.capability_window, "must be >= 1")
     _rule(h.max_reward > 0, "hacpo.max_reward", h.max_reward, "must be > 0")
     _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
+    _one_of("hacpo.cross_clip_mode", h.cross_clip_mode, CROSS_CLIP_MODES)
+    _one_of("hacpo.cross_window", h.cross_window, CROSS_WINDOWS)
+    _rule(h.adaptive_window_steps >= 1, "hacpo.adaptive_window_steps", h.adaptive_window_steps,
+          "must be >= 1 (steps of the adaptive window's running median)")
+    _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,
+          "the adaptive window moves the cross clip window; it needs hacpo.cross_clip=true")
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
     _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)

@@ -41,7 +41,14 @@ if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout witho
 from hacrl_megatron.config import ALGORITHMS, ExperimentConfig, load_config  # noqa: E402
 
 DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
-METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO"}
+# HACPO variants of docs/algorithm.md §5a-5b: method name → the overrides on top of hacpo.algorithm=hacpo
+VARIANTS = {
+    "hacpo+pessimistic": ("hacpo.cross_clip_mode=pessimistic",),
+    "hacpo+adaptive": ("hacpo.cross_window=adaptive",),
+    "hacpo+both": ("hacpo.cross_clip_mode=pessimistic", "hacpo.cross_window=adaptive"),
+}
+METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
+                 "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both"}
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.
 RUN_DEFAULTS = ("log.progress=false", "log.tensorboard=false", "checkpoint.resume=true")
@@ -72,9 +79,9 @@ class RunSpec:
 
 def plan_runs(preset: str, methods: list[str], seeds: list[int], sets: list[str], out: Path) -> list[RunSpec]:
     """Validated configs of every (method, seed) run; raises CompareError/ConfigError on bad input."""
-    unknown = [m for m in methods if m not in ALGORITHMS]
+    unknown = [m for m in methods if m not in ALGORITHMS and m not in VARIANTS]
     if unknown:
-        raise CompareError(f"--methods: unknown {unknown}; allowed: {list(ALGORITHMS)}")
+        raise CompareError(f"--methods: unknown {unknown}; allowed: {list(ALGORITHMS) + list(VARIANTS)}")
     if len(set(methods)) != len(methods) or len(set(seeds)) != len(seeds):
         raise CompareError(f"--methods {methods} / --seeds {seeds}: duplicates are not allowed")
     for key in ("hacpo.algorithm", "train.seed", "output_dir"):
@@ -84,8 +91,9 @@ def plan_runs(preset: str, methods: list[str], seeds: list[int], sets: list[str]
     for seed in seeds:
         for method in methods:
             run_dir = out / f"{method}-seed{seed}"
-            overrides = (*RUN_DEFAULTS, *sets, f"hacpo.algorithm={method}", f"train.seed={seed}",
-                         f"output_dir={run_dir}")
+            algorithm = "hacpo" if method in VARIANTS else method
+            overrides = (*RUN_DEFAULTS, *sets, *VARIANTS.get(method, ()), f"hacpo.algorithm={algorithm}",
+                         f"train.seed={seed}", f"output_dir={run_dir}")
             exp = load_config(preset, list(overrides))
             if not (exp.train.eval_every > 0 and exp.data.eval_size > 0):
                 raise CompareError("compare needs greedy evaluation: train.eval_every and data.eval_size must be > 0 "
@@ -419,7 +427,7 @@ def run_result(spec: RunSpec) -> RunResult:
         if not curve:
             raise CompareError(f"{path}: no {key!r} rows (was evaluation on?)")
         # the cross window exists only in HACPO (Naive clips cross samples with the self clip, docs/algorithm.md §8)
-        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if spec.method == "hacpo"
+        clip = [r[f"{agent.name}/hacpo/cross_clipfrac"] for r in rows if spec.exp.hacpo.algorithm == "hacpo"
                 and f"{agent.name}/hacpo/cross_clipfrac" in r and r.get(f"{agent.name}/hacpo/num_cross", 0) > 0]
         self_clip = [r[f"{agent.name}/hacpo/self_clipfrac"] for r in rows if f"{agent.name}/hacpo/self_clipfrac" in r]
         agents[agent.name] = AgentRun(steps=[s for s, _ in curve], accuracy=[v for _, v in curve],

@@ -2,7 +2,8 @@
 
 Public contract::
 
-    CapabilityTracker            P̂ and ω (eq. 8-9)
+    CapabilityTracker            P̂ and ω (eq. 8-9); each pair's running log s median (§5b)
+    adaptive_center              c^(k,j), the adaptive cross window's log-space centre (§5b)
     capability_baseline          μ^(k), the capability-aware group baseline (eq. 6)
     capability_aware_advantages  A^(k) for all n·G responses of a prompt (eq. 6-7, 50)
     sequence_log_ratio           log s^(k,j) (eq. 11)
@@ -16,6 +17,7 @@ from hacrl_megatron.algo.advantages import capability_aware_advantages, capabili
 from hacrl_megatron.algo.capability import CapabilityTracker, positive_rate
 from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
 from hacrl_megatron.algo.hacpo import (
+    adaptive_center,
     cross_window,
     gspo_objective,
     hacpo_loss,
@@ -28,6 +30,7 @@ from hacrl_megatron.algo.inputs import LossInputs
 __all__ = [
     "CapabilityTracker",
     "LossInputs",
+    "adaptive_center",
     "broadcast_to_tokens",
     "capability_aware_advantages",
     "capability_baseline",

@@ -5,13 +5,17 @@ Per sequence y of source agent j, seen by learner k:
 * log s = (1/L_k)·Σ log π^(k)_θ(ỹ) − (1/L_j)·Σ log π^(j)_old(y), clamped to ±10 (eq. 11);
 * self (j = k):  J = min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A)                       (GSPO);
 * cross (j ≠ k): J = s_c · sg[s_c]^α · ω^(j,k) · A,  s_c = clamp(s, lb_m, 1),
-  lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14).
+  lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14);
+  ``cross_clip_mode=pessimistic``: J = min(s·A, s_c·A) · sg[s_c]^α · ω^(j,k)          (§5a);
+  ``cross_window=adaptive``: s is first divided by e^c, c the pair's centre         (§5b).
 
 The loss is −Σ J / (global number of sequences of the mini-batch), so summing micro-batch losses
 gives exactly the full mini-batch loss and gradient (docs/algorithm.md §7).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -52,6 +56,21 @@ def cross_window(update_index: int, cfg: HACPOConfig) -> tuple[float, float]:
     return min(1.0, cfg.cross_clip_low + step), 1.0
 
 
+def adaptive_center(median_log_ratio: float | None, cfg: HACPOConfig) -> float:
+    """The adaptive window's log-space centre c of one learner-source pair (docs/algorithm.md §5b).
+
+    ``median_log_ratio``: the pair's running median of log s (None: no history yet). c = 0 while the
+    median lies inside the initial window [log(1 − δ), 0], so a pair whose ratios sit near 1 keeps
+    the paper's window; outside it c = median − ½·log(1 − δ) puts the median at the window's log-centre.
+    """
+    if median_log_ratio is None or cfg.cross_window == "fixed":
+        return 0.0
+    low = math.log(cfg.cross_clip_low)
+    if low <= median_log_ratio <= 0.0:
+        return 0.0
+    return float(median_log_ratio - 0.5 * low)
+
+
 def gspo_objective(ratio: torch.Tensor, advantages: torch.Tensor, eps_low: float, eps_high: float) -> torch.Tensor:
     """GSPO's clipped sequence objective min(s·A, clip(s, 1 − ε_low, 1 + ε_high)·A), [S]."""
     return torch.minimum(ratio * advantages, ratio.clamp(1.0 - eps_low, 1.0 + eps_high) * advantages)
@@ -73,6 +92,7 @@ def hacpo_sequence_objective(
     discrepancy: torch.Tensor,
     update_index: int,
     cfg: HACPOConfig,
+    center: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-sequence objective J [S] of docs/algorithm.md §4-5, differentiable through ``log_ratio``.
 
@@ -84,6 +104,9 @@ def hacpo_sequence_objective(
         update_index: m, optimizer updates already made by this learner in this step.
         cfg: algorithm and ablation switches (docs/algorithm.md §8). ``naive`` applies GSPO's clip to every
             sequence with no coefficient and α = 0; ``gspo``/``gspo_x2`` treat every sequence as self.
+            ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic).
+        center: [S] log-space centre c of each sequence's pair (§5b), or None (all 0). The cross term
+            uses s̃ = s·e^(−c) in place of s; self sequences ignore it.
     """
     _check_inputs(log_ratio, advantages, is_self, discrepancy)
     if cfg.algorithm not in SEQUENCE_ALGORITHMS:
@@ -94,13 +117,17 @@ def hacpo_sequence_objective(
     self_term = gspo_objective(ratio, adv, cfg.self_clip_low, cfg.self_clip_high)
     if cfg.algorithm in ("naive", "gspo", "gspo_x2"):
         return self_term
+    cross_ratio = ratio if center is None else torch.exp(log_ratio - center.to(log_ratio.dtype))
     if cfg.cross_clip:
         low, high = cross_window(update_index, cfg)
-        clipped = ratio.clamp(low, high)
+        clipped = cross_ratio.clamp(low, high)
     else:
-        clipped = ratio
+        clipped = cross_ratio
     coef = discrepancy.to(ratio.dtype) if cfg.discrepancy_coefficient else torch.ones_like(ratio)
-    cross_term = clipped * clipped.detach().pow(cfg.alpha) * coef * adv
+    if cfg.cross_clip_mode == "pessimistic":  # PPO's bound on the same window; sg[s_c]^α stays in [lb_m, 1]
+        cross_term = torch.minimum(cross_ratio * adv, clipped * adv) * clipped.detach().pow(cfg.alpha) * coef
+    else:
+        cross_term = clipped * clipped.detach().pow(cfg.alpha) * coef * adv
     return torch.where(is_self.bool(), self_term, cross_term)
 
 
@@ -116,17 +143,45 @@ def _fraction(mask: torch.Tensor, within: torch.Tensor) -> float:
     return float((mask & within).sum()) / count if count else 0.0
 
 
+def _cross_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float, mode: str) -> torch.Tensor:
+    """[S] bool: cross sequences whose clip leaves no gradient (§5 clamp: outside [low, high];
+    §5a pessimistic: only the side where the bound is the minimum)."""
+    if mode == "pessimistic":
+        return ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
+    return (ratio < low) | (ratio > high)
+
+
+def _pair_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, adv: torch.Tensor, own: torch.Tensor,
+                  source_index: torch.Tensor, center: torch.Tensor | None) -> dict[str, float]:
+    """Per learner-source pair j (cross sequences of source j in this micro-batch; absent sources
+    give no keys): ``cross_clipfrac/<j>/pos`` and ``/neg`` (share with no gradient among A > 0 /
+    A < 0; 0 when that sign is absent), ``cross_center/<j>`` (c of §5b) and
+    ``cross_log_ratio_median/<j>`` (median of the raw log s, the adaptive window's statistic)."""
+    out: dict[str, float] = {}
+    for j in sorted(set(source_index[~own].tolist())):
+        pair = (source_index == j) & ~own
+        out[f"cross_clipfrac/{j}/pos"] = _fraction(zero_grad, pair & (adv > 0))
+        out[f"cross_clipfrac/{j}/neg"] = _fraction(zero_grad, pair & (adv < 0))
+        out[f"cross_center/{j}"] = float(center[pair][0]) if center is not None else 0.0
+        out[f"cross_log_ratio_median/{j}"] = float(log_ratio[pair].quantile(0.5))
+    return out
+
+
 def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: torch.Tensor,
-                  update_index: int, cfg: HACPOConfig) -> dict[str, float]:
+                  update_index: int, cfg: HACPOConfig, source_index: torch.Tensor | None = None,
+                  center: torch.Tensor | None = None) -> dict[str, float]:
     """Ratio statistics and clip fractions of one (micro-)batch; empty groups report 0.
 
-    Ratio statistics and counts are split by source (self vs cross). self_clipfrac: share of the
-    sequences under GSPO's clip (self ones; all for naive/gspo) whose clipped branch is active
-    (zero gradient). cross_clipfrac: share of sequences under the cross window with A ≠ 0 whose
-    ratio lies outside [lb_m, 1].
+    Ratio statistics and counts are split by source (self vs cross); ratios are the raw s. self_clipfrac:
+    share of the sequences under GSPO's clip (self ones; all for naive/gspo) whose clipped branch is
+    active (zero gradient). cross_clipfrac: share of sequences under the cross window with A ≠ 0 that
+    the window leaves without gradient (§5 or §5a, on s·e^(−c) with the centre c of §5b).
+    With ``source_index`` ([S] int64) also the per-pair metrics of :func:`_pair_metrics`.
     """
     with torch.no_grad():
-        ratio = torch.exp(log_ratio.detach().double())
+        log_ratio = log_ratio.detach().double()
+        ratio = torch.exp(log_ratio)
+        shifted = ratio if center is None else torch.exp(log_ratio - center.double())
         adv = advantages.detach().double()
         own = is_self.bool()
         gspo_clipped = torch.ones_like(own) if cfg.algorithm in ("naive", "gspo", "gspo_x2") else own
@@ -134,7 +189,7 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
         if not cfg.cross_clip:
             low, high = float("-inf"), float("inf")
         self_clipped = ((adv > 0) & (ratio > 1 + cfg.self_clip_high)) | ((adv < 0) & (ratio < 1 - cfg.self_clip_low))
-        cross_clipped = (ratio < low) | (ratio > high)
+        cross_clipped = _cross_zero_grad(shifted, adv, low, high, cfg.cross_clip_mode)
         metrics = {
             **_stats(ratio[own], "self_ratio"),
             **_stats(ratio[~own], "cross_ratio"),
@@ -145,6 +200,9 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
             "num_self": float(own.sum()),
             "num_cross": float((~own).sum()),
         }
+        if source_index is not None:
+            zero_grad = torch.where(gspo_clipped, self_clipped, cross_clipped)
+            metrics.update(_pair_metrics(log_ratio, zero_grad, adv, own, source_index, center))
     return metrics
 
 
@@ -175,13 +233,14 @@ def hacpo_loss(
     log_ratio = sequence_log_ratio(learner_logp_sum, learner_len, inputs.source_logp_sum, inputs.source_len,
                                    cfg.max_abs_log_ratio)
     objective = hacpo_sequence_objective(log_ratio, inputs.advantages, inputs.is_self, inputs.discrepancy,
-                                         update_index, cfg)
+                                         update_index, cfg, center=inputs.cross_center)
     denom = log_ratio.numel() if num_sequences is None else num_sequences
     if denom <= 0:
         if log_ratio.numel():
             raise ValueError(f"num_sequences={num_sequences} must be > 0 for a non-empty batch")
         denom = 1
     loss = -objective.sum() / denom
-    metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg)
+    metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg,
+                            source_index=inputs.source_index, center=inputs.cross_center)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
     return loss, metrics

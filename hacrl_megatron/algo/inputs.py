@@ -24,6 +24,10 @@ class LossInputs:
     source_len: [S] int64, L_j, the source's response token count (eq. 11).
     old_token_logp: [S, T] float or None, GRPO only: the learner's own per-token log π_old,
         right-padded to the longest response T (sequence s uses its first ``seq_len[s]`` entries).
+    source_index: [S] int64 or None, the source agent j of each sequence (config order); enables the
+        per-pair metrics (``cross_clipfrac/<j>/pos`` ...). None: no per-pair metrics.
+    cross_center: [S] float or None, the adaptive window's log-space centre c^(k,j) of each
+        sequence's pair (docs/algorithm.md §5b; 0 for self sequences). None: every c = 0 (fixed window).
     """
 
     advantages: torch.Tensor
@@ -32,6 +36,8 @@ class LossInputs:
     source_logp_sum: torch.Tensor
     source_len: torch.Tensor
     old_token_logp: torch.Tensor | None = None
+    source_index: torch.Tensor | None = None
+    cross_center: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.advantages.dim() != 1:
@@ -43,6 +49,10 @@ class LossInputs:
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
         if self.is_self.dtype != torch.bool:
             raise ValueError(f"LossInputs.is_self must be a bool tensor, got {self.is_self.dtype}")
+        for name in ("source_index", "cross_center"):
+            value = getattr(self, name)
+            if value is not None and value.shape != (s,):
+                raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
         old = self.old_token_logp
         if old is not None and (old.dim() != 2 or old.shape[0] != s):
             raise ValueError(f"LossInputs.old_token_logp has shape {tuple(old.shape)}, expected ({s}, T)")

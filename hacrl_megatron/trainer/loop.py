@@ -63,7 +63,7 @@ def setup(exp: ExperimentConfig) -> Run:
     exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
                         max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
     tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
-                                ratio_max=h.omega_max)
+                                ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode)
     return Run(exp, runtimes, exchange, tracker, verifier, task, eval_records)
@@ -73,14 +73,16 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
     """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
     exp, metrics, launched = run.exp, {}, []
     loss_fn = stages.make_loss_fn(exp)
+    centers = stages.cross_centers(run.tracker, exp)  # adaptive cross window (docs/algorithm.md §5b)
     for rt in run.runtimes:
-        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp)
+        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp, centers)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
         launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
     for rt, num_sequences, pending in launched:
         per_update = pending.result()
-        for key in per_update[0]:
-            metrics[f"{rt.name}/hacpo/{key}"] = sum(u[key] for u in per_update) / len(per_update)
+        for key in sorted({k for u in per_update for k in u}):  # per-pair keys exist only where the pair had samples
+            values = [u[key] for u in per_update if key in u]
+            metrics[f"{rt.name}/hacpo/{key}"] = sum(values) / len(values)
         first = per_update[0]
         if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
             # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
@@ -134,6 +136,7 @@ def train_step(run: Run) -> dict[str, float]:
     omega = run.tracker.omega()
     metrics = stages.reward_metrics(data, run.names)
     metrics.update(_update_learners(run, data, omega, step))
+    stages.record_cross_statistics(run.tracker, metrics, exp)  # used from the next step on
     lap("train")
     metrics.update(_sync_engines(run, probe=prompts[0]))
     lap("sync")

@@ -13,7 +13,9 @@ import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, MiniBatchInfo, SequenceBatch
 from hacrl_megatron.algo import (
+    CapabilityTracker,
     LossInputs,
+    adaptive_center,
     broadcast_to_tokens,
     capability_aware_advantages,
     grpo_token_loss,
@@ -29,6 +31,7 @@ from hacrl_megatron.rollout.types import Completion, SamplingParams
 from hacrl_megatron.trainer.runtime import AgentRuntime
 
 SHARED_ALGORITHMS = ("hacpo", "naive")
+PAIR_METRICS = ("cross_clipfrac", "cross_center", "cross_log_ratio_median")  # keyed by source index in algo/
 
 
 def shares_rollouts(cfg: HACPOConfig) -> bool:
@@ -121,9 +124,11 @@ def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchang
 
 
 def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
-                  omega: torch.Tensor, exp: ExperimentConfig) -> SequenceBatch:
+                  omega: torch.Tensor, exp: ExperimentConfig, centers: torch.Tensor | None = None) -> SequenceBatch:
     """Learner k's step batch: own responses (+ every other agent's when sharing) with per-sequence
-    advantages (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11)."""
+    advantages (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11), source
+    index and, with ``centers`` ([n, n] float64 c[k, j] of :func:`cross_centers`), the adaptive
+    window's centre of each sequence's pair (docs/algorithm.md §5b)."""
     h = exp.hacpo
     sources = [r for r in runtimes if shares_rollouts(h) or r.index == rt.index]
     if shares_rollouts(h):
@@ -138,7 +143,8 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
     )
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
-                                            "source_logp_sum": [], "source_len": []}
+                                            "source_logp_sum": [], "source_len": [], "source_index": [],
+                                            "cross_center": []}
     old_tokens: list[torch.Tensor] = []
     for pos, src in enumerate(sources):
         src_trajs = data.trajectories[src.name]
@@ -148,13 +154,55 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         parts["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
         parts["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
         parts["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
+        parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
+        center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
+        parts["cross_center"].append(torch.full((len(src_trajs),), center, dtype=torch.float64))
         old_tokens.extend(data.old_token_logps.get(src.name, []))
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
     old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
-    inputs = LossInputs(**{k: torch.cat(v) for k, v in parts.items()}, old_token_logp=old)
+    fields = {k: torch.cat(v) for k, v in parts.items()}
+    if centers is None:
+        fields["cross_center"] = None
+    inputs = LossInputs(**fields, old_token_logp=old)
     keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
     return views_to_batch(views, inputs.select(torch.tensor(keep, dtype=torch.long)))
+
+
+def cross_centers(tracker: CapabilityTracker, exp: ExperimentConfig) -> torch.Tensor | None:
+    """c[k, j] [n, n] float64, the adaptive window's centre of every learner-source pair from the
+    tracker's running medians (docs/algorithm.md §5b); None for the fixed window or a non-HACPO method."""
+    h = exp.hacpo
+    if h.cross_window == "fixed" or h.algorithm != "hacpo":
+        return None
+    n = len(exp.agents)
+    return torch.tensor([[0.0 if k == j else adaptive_center(tracker.median_log_ratio(k, j), h) for j in range(n)]
+                         for k in range(n)], dtype=torch.float64)
+
+
+def record_cross_statistics(tracker: CapabilityTracker, metrics: dict[str, float], exp: ExperimentConfig) -> None:
+    """Feed this step's per-pair median log s (``<k>/hacpo/cross_log_ratio_median/<j>``, the mean over
+    the step's micro-batches) into the tracker's running window; pairs without cross samples are skipped."""
+    if exp.hacpo.cross_window == "fixed" or exp.hacpo.algorithm != "hacpo":
+        return
+    names = [a.name for a in exp.agents]
+    for k, learner in enumerate(names):
+        for j, source in enumerate(names):
+            value = metrics.get(f"{learner}/hacpo/cross_log_ratio_median/{source}")
+            if k != j and value is not None:
+                tracker.record_log_ratio(k, j, value)
+
+
+def name_pair_metrics(metrics: dict[str, float], names: list[str]) -> dict[str, float]:
+    """``cross_clipfrac/<j>/pos`` → ``cross_clipfrac/<name of agent j>/pos`` (and the other per-pair keys)."""
+    out = {}
+    for key, value in metrics.items():
+        head, sep, rest = key.partition("/")
+        if sep and head in PAIR_METRICS:
+            index, _, tail = rest.partition("/")
+            key = "/".join(p for p in (head, names[int(index)], tail) if p)
+        out[key] = value
+    return out
 
 
 def split_mini_batches(batch: SequenceBatch, num: int, seed: int) -> list[SequenceBatch]:
@@ -167,10 +215,13 @@ def make_loss_fn(exp: ExperimentConfig) -> LossFn:
     """The learner's LossFn: HACPO / GSPO / Naive sequence objective, or GRPO's token objective."""
     h = exp.hacpo
 
+    names = [a.name for a in exp.agents]
+
     def sequence_loss(out: LogProbOutput, inputs: LossInputs | None,
                       info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
-        return hacpo_loss(out.seq_logp_sum, out.seq_len, _required(inputs), info.update_index, h,
-                          num_sequences=info.num_sequences)
+        loss, metrics = hacpo_loss(out.seq_logp_sum, out.seq_len, _required(inputs), info.update_index, h,
+                                   num_sequences=info.num_sequences)
+        return loss, name_pair_metrics(metrics, names)
 
     def grpo_loss(out: LogProbOutput, inputs: LossInputs | None,
                   info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
