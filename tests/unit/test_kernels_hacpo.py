@@ -26,6 +26,9 @@ LOG_S = [0.0001, -0.0005, -0.10, -0.30, -0.19, 0.05, -0.02, -0.16]
 IS_SELF = [True, True, False, False, False, False, True, False]
 ADV = [0.9, -1.1, 0.7, -0.6, 1.3, 0.4, 0.0, -0.8]
 OMEGA = [1.0, 1.0, 2.0, 0.5, 3.0, 1.5, 1.0, 0.7]
+# adaptive window: the learner is agent 0; cross sequences come from agents 1 and 2 with centres −0.25, 0.1
+SOURCE = [0, 0, 1, 1, 2, 2, 0, 1]
+CENTER = [0.0, 0.0, -0.25, -0.25, 0.1, 0.1, 0.0, -0.25]
 
 
 def make_inputs(dtype=torch.float64, seed=0):
@@ -69,6 +72,10 @@ CONFIGS = {
     "no_clip": HACPOConfig(cross_clip=False),
     "no_stepwise": HACPOConfig(stepwise=False),
     "naive": HACPOConfig(algorithm="naive", alpha=0.0),
+    "pessimistic": HACPOConfig(alpha=1.0, cross_clip_mode="pessimistic"),
+    "pessimistic_a3": HACPOConfig(alpha=3.0, cross_clip_mode="pessimistic", delta_step=0.01),
+    "adaptive": HACPOConfig(cross_window="adaptive"),
+    "adaptive_pessimistic": HACPOConfig(cross_window="adaptive", cross_clip_mode="pessimistic"),
     "gspo": HACPOConfig(algorithm="gspo"),
 }
 
@@ -80,6 +87,9 @@ def test_fused_equals_algo_hacpo_loss(name, update_index):
     temperature = 0.8 if update_index == 2 else 1.0
     hidden, weight, targets, cu = make_inputs()
     seq = sequence_tensors(hidden, weight, targets, cu, temperature)
+    if cfg.cross_window == "adaptive":  # per-pair centres (docs/algorithm.md §5b) move sequences 3, 4 into the window
+        seq = dataclasses.replace(seq, source_index=torch.tensor(SOURCE),
+                                  cross_center=torch.tensor(CENTER, dtype=torch.float64))
     loss, metrics = fused_hacpo_loss(hidden, weight, targets, cu, update_index=update_index, cfg=cfg,
                                      num_sequences=11, temperature=temperature, impl="reference", chunk_size=5,
                                      inputs=seq)

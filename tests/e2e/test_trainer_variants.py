@@ -1,0 +1,64 @@
+"""The HACPO cross-term variants through the real loop (docs/algorithm.md §5a-5b) on the tiny agents of
+test_trainer.py: per-pair metrics, the adaptive window's centre from the running median, and exact
+resume of that running state from a checkpoint."""
+
+import dataclasses
+
+import pytest
+
+from hacrl_megatron.algo import adaptive_center
+from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.trainer import loop
+from tests.e2e.test_trainer import parity_reward, run_with, tiny_exp
+
+
+def variant_exp(path, steps=4, **hacpo):
+    exp = tiny_exp(path, steps=steps)
+    return dataclasses.replace(exp, hacpo=dataclasses.replace(exp.hacpo, **hacpo))
+
+
+def test_adaptive_pessimistic_metrics_and_centres(tmp_path):
+    exp = variant_exp(tmp_path, steps=3, cross_clip_mode="pessimistic", cross_window="adaptive",
+                      adaptive_window_steps=2)
+    run, history = run_with(exp)
+    for learner, source in (("llama", "qwen3"), ("qwen3", "llama")):
+        prefix = f"{learner}/hacpo/"
+        for metrics in history:
+            for key in (f"cross_clipfrac/{source}/pos", f"cross_clipfrac/{source}/neg", f"cross_center/{source}",
+                        f"cross_log_ratio_median/{source}"):
+                assert prefix + key in metrics, prefix + key
+        assert history[0][f"{prefix}cross_center/{source}"] == 0.0  # no history at step 0: the paper's window
+        # step 2's centre comes from the medians of steps 0 and 1 (K = 2)
+        medians = [history[i][f"{prefix}cross_log_ratio_median/{source}"] for i in (0, 1)]
+        want = adaptive_center(sum(medians) / 2, exp.hacpo)
+        assert history[2][f"{prefix}cross_center/{source}"] == pytest.approx(want, abs=1e-9)
+    k, j = 0, 1
+    assert run.tracker.median_log_ratio(k, j) == pytest.approx(
+        sum(history[i]["llama/hacpo/cross_log_ratio_median/qwen3"] for i in (1, 2)) / 2)
+
+
+def test_fixed_window_reports_zero_centre_and_keeps_no_pair_history(tmp_path):
+    run, history = run_with(variant_exp(tmp_path, steps=1))
+    assert history[0]["llama/hacpo/cross_center/qwen3"] == 0.0
+    assert run.tracker.median_log_ratio(0, 1) is None
+
+
+def test_adaptive_window_resumes_exactly(tmp_path):
+    settings = dict(cross_clip_mode="pessimistic", cross_window="adaptive", adaptive_window_steps=3)
+    _, full = run_with(variant_exp(tmp_path / "full", **settings))
+    exp = variant_exp(tmp_path / "split", **settings)
+    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=2))
+    first = loop.setup(exp)
+    first.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    for _ in range(2):
+        loop.train_step(first)
+    loop._save(first)
+    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    assert loop._resume(resumed) and resumed.tracker.state_dict() == first.tracker.state_dict()
+    later = [loop.train_step(resumed) for _ in range(2)]
+    for a, b in zip(full[2:], later):
+        for key in ("llama/hacpo/cross_center/qwen3", "qwen3/hacpo/cross_center/llama", "llama/hacpo/loss",
+                    "qwen3/hacpo/loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+    assert full[2]["llama/hacpo/cross_center/qwen3"] != 0.0  # the tiny agents' ratios sit far from 1
