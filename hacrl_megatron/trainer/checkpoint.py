@@ -184,8 +184,9 @@ def save_checkpoint(root: str | os.PathLike, step: int, runtimes, state: dict[st
             rt.agent.save(str(tmp / "agents" / rt.name))
         torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
         write_manifest(tmp, step)
-    except BaseException as err:
-        written, full = _tree_bytes(tmp), isinstance(err, Exception) and is_out_of_space(err, root)
+    except BaseException as err:  # torch's distributed-checkpoint writer raises a BaseException subclass
+        interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
+        written, full = _tree_bytes(tmp), not interrupted and is_out_of_space(err, root)
         shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise _out_of_space(root, step, written) from err

@@ -118,6 +118,9 @@ def is_out_of_space(err: BaseException, path: str | os.PathLike) -> bool:
         if getattr(e, "errno", None) in _OUT_OF_SPACE or "No space left" in str(e) or "Disk quota" in str(e):
             return True
         todo += [e.__cause__, e.__context__]
+        failures = getattr(e, "failures", None)  # torch distributed checkpoint: {rank: (error, traceback)}
+        if isinstance(failures, dict):
+            todo += [f[0] if isinstance(f, tuple) else f for f in failures.values()]
     try:
         return free_bytes(path) < _NEARLY_FULL
     except OSError:

@@ -104,19 +104,38 @@ def test_injected_enospc_during_a_save_keeps_the_previous_checkpoint_and_the_run
             rt.close()
 
 
-def test_a_full_disk_hidden_behind_torch_zip_writer_error_is_named(tmp_path, monkeypatch):
-    """torch's writer reports a full disk as ``unexpected pos``; the nearly-zero free space tells."""
-    exp = tiny(tmp_path, steps=1, every=1)
-    run = start(exp)
-    root = loop._checkpoint_dir(exp)
-
-    def zip_writer_error(obj, f, *args, **kwargs):
+def torch_zip_writer_error(monkeypatch, run):
+    """torch.save on a full disk: ``RuntimeError: [enforce fail ...] unexpected pos`` (no errno)."""
+    def fail(obj, f, *args, **kwargs):
         Path(f).write_bytes(b"partial")
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
+    monkeypatch.setattr(torch, "save", fail)
+
+
+def megatron_writer_error(monkeypatch, run):
+    """megatron's dist checkpoint writer on a full disk: torch's CheckpointException (a BaseException)
+    carrying the writer process's ``Worker failure`` per rank."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def fail(path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "__0_0.distcp").write_bytes(b"partial")
+        worker = RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
+        raise CheckpointException("write", {0: (worker, None)})
+
+    monkeypatch.setattr(run.runtimes[0].agent, "save", fail)
+
+
+@pytest.mark.parametrize("writer", [torch_zip_writer_error, megatron_writer_error])
+def test_a_full_disk_hidden_behind_a_writer_error_is_named(tmp_path, monkeypatch, writer):
+    """The writers do not say "no space": the nearly-zero free space at the failure tells."""
+    exp = tiny(tmp_path, steps=1, every=1)
+    run = start(exp)
+    root = loop._checkpoint_dir(exp)
     try:
         loop.train_step(run)
-        monkeypatch.setattr(torch, "save", zip_writer_error)
+        writer(monkeypatch, run)
         monkeypatch.setattr(run_folder, "free_bytes", lambda path: 0)
         with pytest.raises(OutOfSpaceError, match=rf"no space left on {root}, needed more than ~.* MB \(written"):
             loop._save(run)
