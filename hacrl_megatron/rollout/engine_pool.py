@@ -8,7 +8,8 @@ engine its share concurrently, and keeps what finished. An engine whose server d
 restarted in the background while its prompts go to the survivors; the restarted server gets the
 current weights back from the weight transport (disk: reloads the last folder) or, for
 transports that need the trainer (tensor, distributed), from the last ``export`` given to
-:meth:`EnginePool.sync_from`. Sample seeds are fixed per (prompt, sample) before the split, so the
+:meth:`EnginePool.sync_from` at the pool's next call (never concurrently with the trainer). A
+server that dies during a sync is dropped from it, the others are synced, and it is restarted. Sample seeds are fixed per (prompt, sample) before the split, so the
 result does not depend on how prompts were spread.
 
 Weights go to every engine through one transport of ``sync/`` (``transport.push``). Colocated
@@ -121,6 +122,7 @@ class EnginePool:
         if not prompt_token_ids:
             return []
         self.resume_memory()
+        self._resync_stale()
         prompts = [list(p) for p in prompt_token_ids]
         seeds = None if params.greedy else sample_seeds(params.seed, len(prompts) * params.n)
         costs = [(len(p) + params.max_new_tokens) * params.n for p in prompts]
@@ -155,16 +157,22 @@ class EnginePool:
             slot.recovery.start()
 
     def _recover(self, slot: _Slot) -> None:
-        """Restart ``slot``'s server and bring it to the current weights (runs in a thread)."""
+        """Restart ``slot``'s server and let the transport restore the current weights (runs in a
+        thread). Weights that need the trainer are pushed later, from the calling thread, by
+        :meth:`_resync_stale`: the agent must never be driven from two threads at once."""
         try:
             slot.engine.restart()
             restored = self.weight_version == 0 or self.transport.restore(slot.engine, self.weight_version)
-            if not restored and self._export is not None:
-                self.transport.push([slot.engine], self._export(), self.weight_version)
-                restored = True
             slot.state, slot.error = (READY if restored else STALE), None
         except Exception as e:  # noqa: BLE001  (kept and reported when no engine is left)
             slot.state, slot.error = DEAD, e
+
+    def _resync_stale(self) -> None:
+        """Push the trainer's current weights (the last ``sync_from`` export) into restarted servers."""
+        for slot in self.slots:
+            if slot.state == STALE and self._export is not None and self.weight_version > 0:
+                self.transport.push([slot.engine], self._export(), self.weight_version)
+                slot.state = READY
 
     def _join_recoveries(self) -> None:
         for slot in self.slots:
@@ -175,6 +183,7 @@ class EnginePool:
     def _wait_for_recovery(self) -> list[_Slot]:
         """No engine is live: wait for the restarts; the live engines, or SGLangError."""
         self._join_recoveries()
+        self._resync_stale()
         live = self._live()
         if not live:
             states = ", ".join(f"{s.engine.name}: {s.state}" + (f" ({s.error})" if s.error else "") for s in self.slots)
@@ -185,7 +194,10 @@ class EnginePool:
     # ----------------------------------------------------------------------------------------
     # weights and memory
 
-    def _push(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
+    def _push(self, tensors: Callable[[], Iterable[tuple[str, torch.Tensor]]], can_retry: bool) -> int:
+        """Push ``tensors()`` to every engine. A server that dies during the push is dropped, the
+        push is repeated for the others (``can_retry``: ``tensors`` may be called again) and the
+        dead one is restarted and resynced in the background."""
         self._join_recoveries()
         for slot in self.slots:
             if slot.state == DEAD:  # one more restart attempt before giving up on it for this sync
@@ -196,10 +208,20 @@ class EnginePool:
         if self._released:  # weights first, KV cache after: the peak stays at one copy of the weights
             for s in targets:
                 s.engine.resume_memory(["weights"])
-        count = self.transport.push([s.engine for s in targets], named_tensors, self.weight_version + 1)
-        self.weight_version += 1
+        version, dead = self.weight_version + 1, []
+        try:
+            count = self.transport.push([s.engine for s in targets], tensors(), version)
+        except SGLangUnreachable:
+            dead = [s for s in targets if not s.engine.alive()]
+            targets = [s for s in targets if s not in dead]
+            if not (can_retry and dead and targets):
+                raise
+            count = self.transport.push([s.engine for s in targets], tensors(), version)
+        self.weight_version = version
         for s in targets:
             s.state = READY
+        for s in dead:  # restarted, then restored at ``version`` (from the transport or from ``export``)
+            self._start_recovery(s)
         if self._released:
             for s in targets:
                 s.engine.resume_memory(["kv_cache"])
@@ -208,12 +230,12 @@ class EnginePool:
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Push HF-named full tensors to every engine; returns how many were sent."""
-        return self._push(named_tensors)
+        return self._push(lambda: named_tensors, can_retry=False)
 
     def sync_from(self, export: Export) -> int:
         """Push ``export()`` to every engine, and keep ``export`` to restore restarted servers."""
         self._export = export
-        return self._push(export())
+        return self._push(export, can_retry=True)
 
     def release_memory(self) -> None:
         """Colocated engines free their GPU memory (weights and KV cache) for the trainer."""

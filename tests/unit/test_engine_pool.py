@@ -99,11 +99,27 @@ def test_restarted_engine_is_resynced_from_the_trainer_with_distributed_sync(tok
         expected = HFEngine(agent.model, tok).generate(prompts(tok), GREEDY)
         assert pool.generate(prompts(tok), GREEDY) == expected
         pool._join_recoveries()
+        assert pool.slots[0].state == "stale"  # restarted on its initial weights; the agent is not touched here
+        assert pool.generate(prompts(tok), GREEDY) == expected  # the next call pushes the agent's export first
         assert pool.slots[0].state == "ready"
-        assert pool.engines[0].generate(prompts(tok), GREEDY) == expected  # pushed again from agent's export
+        assert pool.engines[0].generate(prompts(tok), GREEDY) == expected
         pool.sync_from(agent.export_hf_weights)  # the next sync rebuilds one group for both engines
         inits = [r for p, r in servers[1].log if p == "/init_weights_update_group"]
         assert len(inits) == 2 and inits[-1]["world_size"] == 3
+    finally:
+        pool.close()
+
+
+def test_engine_dying_before_a_sync_is_dropped_from_it_and_restarted(tok, tmp_path):
+    pool, servers = pool_of(tok, DiskTransport(tmp_path / "sync"))
+    try:
+        agent = HFAgent("a", tiny_llama(len(tok), seed=5), lr=1e-3)
+        servers[2].kill()  # between two steps: the sync is the first to notice
+        assert pool.sync_from(agent.export_hf_weights) == len(agent.model.state_dict())
+        pool._join_recoveries()
+        assert servers[2].restarts == 1 and pool.slots[2].state == "ready" and pool.weight_version == 1
+        expected = HFEngine(agent.model, tok).generate(prompts(tok), GREEDY)
+        assert all(e.generate(prompts(tok), GREEDY) == expected for e in pool.engines)
     finally:
         pool.close()
 
