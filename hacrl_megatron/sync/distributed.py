@@ -27,6 +27,7 @@ import datetime
 import itertools
 import os
 import socket
+import threading
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -194,15 +195,32 @@ class DistributedTransport:
         port, world = free_port(), 1 + sum(e.tp_size for e in engines)
         self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
         offsets = [1 + sum(e.tp_size for e in engines[:k]) for k in range(len(engines))]
+        joined: dict[str, Any] = {}
+
+        def join() -> None:  # a daemon thread: a server that refused the group must not hang this process
+            try:
+                joined["group"] = init_weight_group(address, port, 0, world, self._group_id, self.backend,
+                                                    self.timeout_s)
+            except BaseException as e:  # noqa: BLE001  (re-raised below in the caller's thread)
+                joined["error"] = e
+
+        local = threading.Thread(target=join, daemon=True, name="weight-group-rank0")
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
-            # each server blocks in the rendezvous until rank 0 (this process) joins below
+            # each server blocks in the rendezvous until rank 0 (the thread above) joins
             futures = [pool.submit(e.post, "/init_weights_update_group", {
                 "master_address": address, "master_port": port, "rank_offset": off, "world_size": world,
                 "group_name": self._group_id, "backend": self.backend}) for e, off in zip(engines, offsets)]
-            self._group = init_weight_group(address, port, 0, world, self._group_id, self.backend, self.timeout_s)
-            self._members, self._stale = list(engines), False
+            local.start()
+            while local.is_alive():
+                failed = [f for f in futures if f.done() and f.exception() is not None]
+                if failed:  # e.g. the server cannot use the backend: fail now, not after the rendezvous timeout
+                    raise failed[0].exception()
+                local.join(timeout=0.05)
+            if "error" in joined:
+                raise joined["error"]
             for f in futures:
                 f.result()
+        self._group, self._members, self._stale = joined["group"], list(engines), False
 
     def close(self) -> None:
         """Destroy the group on every member still reachable and here (errors of dead members ignored)."""
