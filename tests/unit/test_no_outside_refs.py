@@ -32,8 +32,9 @@ OUTSIDE = [
     (re.compile(r"(?<![\w.])/root/"), "an absolute home path"),
 ]
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
-CITATION = re.compile(r"\bdocs/([\w-]+\.md)((?:(?:,\s*|\s+and\s+|\s+)§\s?\d+(?:\s?[-–]\s?\d+)?)*)")
-SECTION_HEADING = re.compile(r"^#{2,3}\s+(\d+)\.", re.M)
+CITATION = re.compile(r"\bdocs/([\w-]+\.md)((?:(?:,\s*|\s+and\s+|\s+)§\s?\d+[a-z]?(?:\s?[-–]\s?\d+[a-z]?)?)*)")
+SECTION_HEADING = re.compile(r"^#{2,3}\s+(\d+[a-z]?)\.", re.M)
+SECTION_NUMBER = re.compile(r"\d+[a-z]?")
 
 
 def _tracked_files() -> list[Path]:
@@ -112,8 +113,8 @@ def test_docs_citations_name_existing_pages_and_sections(texts):
             if not page.is_file():
                 problems.append(f"{name}:{line}: {found!r} cites a missing page docs/{match.group(1)}")
                 continue
-            sections = {int(s) for s in SECTION_HEADING.findall(page.read_text(encoding="utf-8"))}
-            missing = sorted({int(n) for n in re.findall(r"\d+", match.group(2))} - sections)
+            sections = set(SECTION_HEADING.findall(page.read_text(encoding="utf-8")))
+            missing = sorted(set(SECTION_NUMBER.findall(match.group(2))) - sections)
             if missing:
                 problems.append(f"{name}:{line}: {found!r} cites missing section(s) {missing}")
     assert not problems, "citations of docs/ that do not resolve:\n" + "\n".join(problems)
@@ -135,6 +136,7 @@ def test_the_outside_patterns_catch_what_they_should(text, expected):
 
 
 def test_citation_pattern_reads_section_lists():
-    match = CITATION.search("(docs/algorithm.md §3-5, §7 and §11; paper eq. 10)")
+    match = CITATION.search("(docs/algorithm.md §3-5, §5a and §11; paper eq. 10)")
     assert match.group(1) == "algorithm.md"
-    assert re.findall(r"\d+", match.group(2)) == ["3", "5", "7", "11"]
+    assert SECTION_NUMBER.findall(match.group(2)) == ["3", "5", "5a", "11"]
+    assert SECTION_HEADING.findall("## 5. Cross\n### 5a. Variant\n## Decisions\n") == ["5", "5a"]
