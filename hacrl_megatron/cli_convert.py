@@ -19,7 +19,6 @@ import dataclasses
 import os
 import shutil
 import sys
-import tempfile
 import time
 from typing import Any
 
@@ -31,7 +30,7 @@ from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.hf_io import open_hf_model, resolve_hf_dir
-from hacrl_megatron.models.parallel import init_parallel, local_world_env
+from hacrl_megatron.models.parallel import init_parallel, local_rendezvous, local_world_env
 from hacrl_megatron.models.provider import (
     ArchSpec,
     ParallelLayoutError,
@@ -87,8 +86,8 @@ def main(args: argparse.Namespace) -> int:
             print(f"hacrl convert: {err}", file=sys.stderr)
             return 2
     if world > 1 and "WORLD_SIZE" not in os.environ:
-        init_file = os.path.join(tempfile.mkdtemp(prefix="hacrl_convert_"), "rendezvous")
-        mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
+        with local_rendezvous("hacrl_convert_") as init_file:  # removed afterwards, also when a rank fails
+            mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
     else:
         convert_in_world(vars(args))
     out = args.to_megatron or args.to_hf

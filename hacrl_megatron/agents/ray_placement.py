@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.config import AgentConfig
+from hacrl_megatron.models.parallel import LOOPBACK
 
 INSTALL_HINT = "pip install ray  (or the package's launch extra: pip install 'hacrl_megatron[launch]')"
 
@@ -37,13 +38,39 @@ def require_ray() -> Any:
 
 def ensure_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     """``ray.init`` once per process: joins ``address`` / ``$RAY_ADDRESS`` / a local ``ray start``
-    cluster when one exists, else starts a private one. Returns the ``ray`` module."""
+    cluster when one exists, else starts a private one bound to loopback. Returns the ``ray`` module.
+
+    A private cluster serves this machine only, so its services (GCS, raylet, object manager,
+    workers) listen on 127.0.0.1, not on every interface as Ray's default node address would have
+    them. Clusters that are joined keep their own addresses: multi-node clusters rely on a private
+    cluster network (README, "Security notes").
+    """
     ray = require_ray()
     if not ray.is_initialized():
         init_kwargs.setdefault("include_dashboard", False)
         init_kwargs.setdefault("log_to_driver", True)
+        if _starts_private_cluster(address):
+            _node_address_on_loopback()
         ray.init(address=address, **init_kwargs)
     return ray
+
+
+def _starts_private_cluster(address: str | None) -> bool:
+    """True when ``ray.init(address)`` would start a new local cluster rather than join one."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    return canonicalize_bootstrap_address(address) is None
+
+
+def _node_address_on_loopback() -> None:
+    """Make the next private cluster's node address 127.0.0.1. Ray (2.x) resolves a loopback
+    ``_node_ip_address`` to the machine's network address unless its single-machine mode (the
+    macOS/Windows default) is on; the switch is an environment variable, read at import by this
+    process (hence also set on the imported module) and by the cluster's processes it starts."""
+    from ray._private import ray_constants
+
+    os.environ[ray_constants.ENABLE_RAY_CLUSTERS_ENV_VAR] = "0"
+    ray_constants.ENABLE_RAY_CLUSTER = False
 
 
 def world_size(agent_cfg: AgentConfig) -> int:
@@ -136,11 +163,15 @@ def rank_envs(infos: list[dict[str, Any]], master_addr: str, master_port: int) -
     """torch.distributed environment of each rank (``infos`` already in rank order).
 
     On GPU every rank sees all GPUs that Ray gave this agent on its node and picks its own with
-    LOCAL_RANK (NCCL finds NVLink peers only among visible devices).
+    LOCAL_RANK (NCCL finds NVLink peers only among visible devices). A world whose ranks share one
+    node meets on 127.0.0.1 (its store and sockets then listen on loopback only,
+    ``models/parallel.py``); a multi-node world meets at ``master_addr``, rank 0's node.
     """
     by_node: dict[str, list[int]] = {}
     for r, info in enumerate(infos):
         by_node.setdefault(info["ip"], []).append(r)
+    if len(by_node) == 1:
+        master_addr = LOOPBACK
     envs = []
     for r, info in enumerate(infos):
         peers = by_node[info["ip"]]

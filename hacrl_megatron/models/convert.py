@@ -346,8 +346,10 @@ def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.T
     """Yield ``(hf_name, full tensor)`` for the whole model, one parameter at a time, on every rank.
 
     Collective over the agent's TP and PP groups: every rank of the agent must iterate the stream
-    to the end in step. Tensors are fresh (not views of parameters), on this rank's device, in the
-    parameter dtype, with the HF (unpadded) vocabulary.
+    to the end in step. Tensors are fresh (not views of parameters), on this rank's device, with
+    the HF (unpadded) vocabulary, all in the checkpoint dtype ``spec.dtype``: megatron-core keeps
+    some parameters in float32 whatever ``params_dtype`` says (the RMSNorm weights of the local
+    spec), and a bfloat16 checkpoint must come back bfloat16 in every tensor, as its config says.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
@@ -356,7 +358,7 @@ def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.T
     stage = mpu.get_pipeline_model_parallel_rank()
     params = dict(unwrap(model).named_parameters())
     device = next(iter(params.values())).device
-    dtype = next(iter(params.values())).dtype
+    dtype = DTYPES[spec.dtype]
     for owner, name in _export_order(spec, model, pp):
         plan = plan_for(spec, name, layer_offset(spec, owner, pp))
         if owner == stage:
@@ -364,7 +366,7 @@ def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.T
             shards = [local] if tp == 1 else [torch.empty_like(local) for _ in range(tp)]
             if tp > 1:
                 dist.all_gather(shards, local.contiguous(), group=mpu.get_tensor_model_parallel_group())
-            tensors = _to_hf(spec, plan, shards)
+            tensors = [t.to(dtype) for t in _to_hf(spec, plan, shards)]  # no copy when already `dtype`
         else:
             tensors = [torch.empty(hf_shape(spec, n), dtype=dtype, device=device) for n in plan.hf_names]
         for hf_name, tensor in zip(plan.hf_names, tensors):

@@ -2,17 +2,29 @@
 
 :func:`init_parallel` is the only entry point. In a launched job (torchrun, mp.spawn with the usual
 ``RANK``/``WORLD_SIZE``/``MASTER_ADDR``/``MASTER_PORT`` variables, a Ray worker that sets them, or
-a local spawn with :func:`local_world_env`'s rendezvous file) it joins that world; otherwise it creates a single-process world backed by a ``FileStore`` in a
-temporary directory (no port to collide on a shared CI machine). megatron-core keeps its parallel
-state per process, so a second call in the same process must ask for the same sizes: that is how
-several TP = PP = DP = 1 agents share one controller process (docs/architecture.md, "local" mode).
+a local spawn with :func:`local_world_env`'s rendezvous file) it joins that world; otherwise it
+creates a single-process world backed by an in-memory store (no port, no file). megatron-core keeps
+its parallel state per process, so a second call in the same process must ask for the same sizes:
+that is how several TP = PP = DP = 1 agents share one controller process (docs/architecture.md,
+"local" mode).
+
+Network exposure: a world whose ranks all run on this machine (the single-process world, a
+rendezvous file, or ``MASTER_ADDR`` on loopback, which Ray agents use when all their ranks share a
+node) listens on the loopback interface only: the rendezvous store binds 127.0.0.1 and gloo/NCCL
+use the loopback interface unless ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` say otherwise.
+Multi-node worlds listen on the node's address without authentication and rely on a private
+cluster network (README, "Security notes").
 """
 
 from __future__ import annotations
 
+import contextlib
+import ipaddress
 import os
+import shutil
 import socket
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -57,19 +69,87 @@ def local_world_env(rank: int, world: int, init_file: str) -> dict[str, str]:
     return {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), INIT_FILE_ENV: init_file}
 
 
+@contextlib.contextmanager
+def local_rendezvous(prefix: str = "hacrl_world_") -> Iterator[str]:
+    """A rendezvous file path for :func:`local_world_env`, inside a fresh temporary folder that is
+    removed when the block ends, normally or by an error (so spawned worlds leave nothing behind)."""
+    folder = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield os.path.join(folder, "rendezvous")
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+LOOPBACK = "127.0.0.1"
+
+
+def is_loopback(host: str) -> bool:
+    """True for ``localhost`` and loopback IP addresses (127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def loopback_interface() -> str | None:
+    """Name of the network interface that holds 127.0.0.1 (``lo`` on Linux, ``lo0`` on macOS)."""
+    try:
+        import psutil
+
+        for name, addrs in psutil.net_if_addrs().items():
+            if any(a.family == socket.AF_INET and is_loopback(a.address) for a in addrs):
+                return name
+    except ImportError:
+        pass
+    names = {name for _, name in socket.if_nameindex()}
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def _use_loopback_interface() -> None:
+    """gloo's and NCCL's sockets on the loopback interface, unless the user chose an interface."""
+    name = loopback_interface()
+    if name is not None:
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+
+
+def _loopback_store(rank: int, world: int, port: int) -> object:
+    """The world's TCPStore; rank 0's server listens on 127.0.0.1 only (torch's own binds every
+    interface), through a socket bound here and handed over as ``master_listen_fd``."""
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    timeout = default_pg_timeout
+    if rank != 0:
+        return dist.TCPStore(LOOPBACK, port, world, False, timeout)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((LOOPBACK, port))
+    sock.listen(128)
+    return dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=sock.detach())
+
+
 def _init_process_group(backend: str) -> None:
     import torch.distributed as dist
 
-    if INIT_FILE_ENV in os.environ:
+    if INIT_FILE_ENV in os.environ:  # ranks spawned on this machine
+        _use_loopback_interface()
         dist.init_process_group(backend=backend, init_method=f"file://{os.environ[INIT_FILE_ENV]}",
                                 rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
         return
     if "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
-        dist.init_process_group(backend=backend, init_method="env://")
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        if is_loopback(os.environ["MASTER_ADDR"]):  # one node: nothing listens on its network
+            _use_loopback_interface()
+            store = _loopback_store(rank, world, int(os.environ["MASTER_PORT"]))
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
+        else:  # multi-node: the cluster network is trusted (README, "Security notes")
+            dist.init_process_group(backend=backend, init_method="env://")
         return
-    store_dir = tempfile.mkdtemp(prefix="hacrl_pg_")
-    store = dist.FileStore(os.path.join(store_dir, "store"), 1)
-    dist.init_process_group(backend=backend, store=store, rank=0, world_size=1)
+    _use_loopback_interface()  # a world of one process: an in-memory store, nothing on disk
+    dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)
 
 
 MEGATRON_HINT = "pip install 'megatron-core>=0.16.1,<0.20' psutil einops  (or: pip install -e '.[megatron]')"

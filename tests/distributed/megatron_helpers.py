@@ -147,12 +147,12 @@ def _worker(rank: int, world: int, init_file: str, fn: Callable[..., dict], args
 
 def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) -> dict:
     """Run ``fn(rank, *args)`` in ``world`` spawned gloo processes; return rank 0's JSON result."""
-    import tempfile
-
     import torch.multiprocessing as mp
 
+    from hacrl_megatron.models.parallel import local_rendezvous
+
     out_path = os.path.join(tmp_dir, f"result_{fn.__name__}.json")
-    init_file = os.path.join(tempfile.mkdtemp(prefix="hacrl_world_"), "rendezvous")
-    mp.spawn(_worker, args=(world, init_file, fn, args, out_path), nprocs=world, join=True)
+    with local_rendezvous() as init_file:  # removed when the world closes, also on errors
+        mp.spawn(_worker, args=(world, init_file, fn, args, out_path), nprocs=world, join=True)
     with open(out_path) as f:
         return json.load(f)
