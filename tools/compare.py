@@ -1,7 +1,8 @@
 """Compare HACPO with its baselines (docs/algorithm.md §8, §10) on one preset over several seeds.
 
-    python tools/compare.py [--preset cpu_demo] [--methods hacpo gspo_x2 naive] [--seeds 0 1 2]
-                            [--set train.steps=40 agents.0.backend=hf ...] [--out runs/compare] [--jobs 2]
+    python tools/compare.py [--preset cpu_demo] [--methods hacpo gspo_x2 naive] [--seeds 0 1 2 3 4]
+                            [--baseline hacpo] [--set train.steps=40 agents.0.backend=hf ...]
+                            [--out runs/compare] [--jobs 2]
 
 Every (method, seed) run trains with the same ``train.steps`` and ``train.mini_batches``, so each
 agent makes the same number of optimizer updates under every method; only the rollouts differ
@@ -13,8 +14,12 @@ run, one torch thread each; a seed's runs start once its warm-up is written). Ea
 the final step and which has ``done.json`` is skipped on a re-run, an interrupted one resumes from
 its last checkpoint.
 
-Outputs in ``OUT``: ``compare.md`` (table), ``compare.json`` (every number), ``compare.png``
-(final accuracy bars with ±std error bars, and the seed-mean greedy learning curves per agent).
+Outputs in ``OUT``: ``compare.md`` (the summary table, one row per seed, and the differences to
+``--baseline`` paired by seed: mean ± std and how many seeds favour each side; see
+tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (final accuracy bars with
+±std error bars, and the seed-mean greedy learning curves per agent). Methods are the algorithms of
+docs/algorithm.md §8 and the HACPO variants of §5a-5b (``hacpo+pessimistic``, ``hacpo+adaptive``,
+``hacpo+both``).
 """
 
 from __future__ import annotations
@@ -23,7 +28,6 @@ import argparse
 import contextlib
 import json
 import logging
-import math
 import multiprocessing
 import os
 import sys
@@ -32,13 +36,28 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
 from hacrl_megatron.config import ALGORITHMS, ExperimentConfig, load_config  # noqa: E402
+from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and notebooks use tools.compare.*)
+    METHOD_LABELS,
+    AgentRun,
+    AgentSummary,
+    MethodSummary,
+    RunResult,
+    _mean_or_none,
+    load_results,
+    markdown_table,
+    mean_std,
+    paired_differences,
+    paired_table,
+    per_seed_table,
+    plot_summary,
+    summarise,
+)
 
 DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
 # HACPO variants of docs/algorithm.md §5a-5b: method name → the overrides on top of hacpo.algorithm=hacpo
@@ -47,8 +66,6 @@ VARIANTS = {
     "hacpo+adaptive": ("hacpo.cross_window=adaptive",),
     "hacpo+both": ("hacpo.cross_clip_mode=pessimistic", "hacpo.cross_window=adaptive"),
 }
-METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
-                 "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both"}
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.
 RUN_DEFAULTS = ("log.progress=false", "log.tensorboard=false", "checkpoint.resume=true")
@@ -342,74 +359,6 @@ def _tail(path: Path, lines: int = 20) -> str:
 # results
 
 
-@dataclass(frozen=True)
-class AgentRun:
-    """One agent in one finished run: greedy accuracy at each evaluated step, mean clip fractions."""
-
-    steps: list[int]
-    accuracy: list[float]
-    start: float
-    final: float
-    cross_clipfrac_mean: float | None
-    self_clipfrac_mean: float | None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """One finished (method, seed) run, as ``compare.json``'s ``runs`` entries store it."""
-
-    method: str
-    seed: int
-    final_step: int
-    rollouts_per_agent: int
-    wall_s: float | None
-    rollout_train_s_per_step: float | None
-    agents: dict[str, AgentRun]
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunResult:
-        return cls(**{**data, "agents": {k: AgentRun(**v) for k, v in data["agents"].items()}})
-
-
-@dataclass(frozen=True)
-class AgentSummary:
-    """One agent under one method over seeds: (mean, std) of start, final and their difference."""
-
-    final: tuple[float, float]
-    start: tuple[float, float]
-    delta: tuple[float, float]
-    final_per_seed: list[float]
-    start_per_seed: list[float]
-    rollouts: int
-    curve_steps: list[int]
-    curve_mean: list[float]
-    cross_clipfrac_mean: float | None
-    self_clipfrac_mean: float | None
-
-
-@dataclass(frozen=True)
-class MethodSummary:
-    """One method over seeds, as ``compare.json``'s ``summary`` values store it."""
-
-    agents: dict[str, AgentSummary]
-    seeds: list[int]
-    wall_s_mean: float | None
-    rollout_train_s_per_step: float | None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> MethodSummary:
-        agents = {name: AgentSummary(**{**a, **{k: tuple(a[k]) for k in ("final", "start", "delta")}})
-                  for name, a in data["agents"].items()}
-        return cls(**{**data, "agents": agents})
-
-
-def load_results(path: Path) -> tuple[dict[str, MethodSummary], list[RunResult]]:
-    """The summary and runs of a ``compare.json`` (e.g. benchmarks/COMPARE_cpu_demo.json)."""
-    data = json.loads(Path(path).read_text())
-    summary = {method: MethodSummary.from_json(entry) for method, entry in data["summary"].items()}
-    return summary, [RunResult.from_json(r) for r in data["runs"]]
-
-
 def run_result(spec: RunSpec) -> RunResult:
     """Per-agent greedy accuracy curve, start/final values, rollouts and timing of one finished run."""
     from hacrl_megatron.trainer.metrics import read_metrics
@@ -441,110 +390,18 @@ def run_result(spec: RunSpec) -> RunResult:
                      agents=agents)
 
 
-def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and unbiased (n−1) standard deviation; std is 0.0 for a single value."""
-    n = len(values)
-    mean = sum(values) / n
-    std = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, std
+def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
+                  baseline: str | None = None) -> dict[str, MethodSummary]:
+    """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary.
 
-
-def summarise(results: list[RunResult], methods: list[str], agent_names: list[str]) -> dict[str, MethodSummary]:
-    """method → agent → final, start, delta as (mean, std) over seeds, rollouts, seeds, mean curves."""
-    table = {}
-    for method in methods:
-        mine = [r for r in results if r.method == method]
-        rows = {}
-        for name in agent_names:
-            runs = [r.agents[name] for r in mine]
-            finals, starts, steps = [a.final for a in runs], [a.start for a in runs], runs[0].steps
-            curves = [a.accuracy for a in runs if a.steps == steps]
-            rows[name] = AgentSummary(
-                final=mean_std(finals), start=mean_std(starts),
-                delta=mean_std([f - s for f, s in zip(finals, starts)]),
-                final_per_seed=finals, start_per_seed=starts, rollouts=mine[0].rollouts_per_agent,
-                curve_steps=steps, curve_mean=[sum(c[i] for c in curves) / len(curves) for i in range(len(steps))],
-                cross_clipfrac_mean=_mean_or_none([a.cross_clipfrac_mean for a in runs]),
-                self_clipfrac_mean=_mean_or_none([a.self_clipfrac_mean for a in runs]),
-            )
-        table[method] = MethodSummary(
-            agents=rows, seeds=[r.seed for r in mine], wall_s_mean=_mean_or_none([r.wall_s for r in mine]),
-            rollout_train_s_per_step=_mean_or_none([r.rollout_train_s_per_step for r in mine]))
-    return table
-
-
-def _mean_or_none(values: list[float | None]) -> float | None:
-    values = [v for v in values if v is not None]
-    return sum(values) / len(values) if values else None
-
-
-def markdown_table(summary: dict[str, MethodSummary], agent_names: list[str]) -> str:
-    """One row per (method, agent): final greedy accuracy, change from start, rollouts (mean ± std over seeds)."""
-    lines = ["| method | agent | start | final greedy acc. | Δ from start | rollouts / agent | seeds |",
-             "|---|---|---|---|---|---|---|"]
-    for method, entry in summary.items():
-        for name in agent_names:
-            a = entry.agents[name]
-            lines.append(f"| {METHOD_LABELS.get(method, method)} | {name} | {a.start[0]:.3f} | "
-                         f"{a.final[0]:.3f} ± {a.final[1]:.3f} | {a.delta[0]:+.3f} ± {a.delta[1]:.3f} | "
-                         f"{a.rollouts} | {len(entry.seeds)} |")
-    lines += ["", "| method | wall s per run (mean) | rollout+train s per step | self clip fraction | "
-              "cross clip fraction |", "|---|---|---|---|---|"]
-    for method, entry in summary.items():
-        clips = []
-        for key in ("self_clipfrac_mean", "cross_clipfrac_mean"):
-            values = [f"{n} {getattr(entry.agents[n], key):.2f}" for n in agent_names
-                      if getattr(entry.agents[n], key) is not None]
-            clips.append(", ".join(values) or "n/a")
-        lines.append(f"| {METHOD_LABELS.get(method, method)} | {_fmt(entry.wall_s_mean, '.0f')} | "
-                     f"{_fmt(entry.rollout_train_s_per_step, '.2f')} | {clips[0]} | {clips[1]} |")
-    return "\n".join(lines) + "\n"
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "n/a" if value is None else format(value, spec)
-
-
-def plot_summary(summary: dict[str, MethodSummary], agent_names: list[str], path: Path) -> None:
-    """Bar chart of final accuracy (±std error bars) and seed-mean greedy learning curves, one panel per agent."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    methods = list(summary)
-    fig, axes = plt.subplots(1, 1 + len(agent_names), figsize=(5 * (1 + len(agent_names)), 4.2))
-    width = 0.8 / len(methods)
-    ax = axes[0]
-    for j, method in enumerate(methods):
-        means = [summary[method].agents[n].final[0] for n in agent_names]
-        stds = [summary[method].agents[n].final[1] for n in agent_names]
-        xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(agent_names))]
-        ax.bar(xs, means, width, yerr=stds, capsize=4, label=METHOD_LABELS.get(method, method))
-    ax.set_xticks(range(len(agent_names)), agent_names)
-    ax.set_ylabel("final greedy accuracy")
-    ax.set_title("final accuracy (mean ± std over seeds)")
-    ax.legend(fontsize=8)
-    for ax, name in zip(axes[1:], agent_names):
-        for method in methods:
-            a = summary[method].agents[name]
-            ax.plot(a.curve_steps, a.curve_mean, marker="o", ms=3, label=METHOD_LABELS.get(method, method))
-        ax.set_title(f"{name}: greedy eval accuracy (seed mean)")
-        ax.set_xlabel("RL step")
-        ax.set_ylabel("accuracy")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
-def write_outputs(specs: list[RunSpec], out: Path, methods: list[str]) -> dict[str, MethodSummary]:
-    """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary."""
+    compare.md: the summary table, one row per seed, and (with two or more methods) the paired
+    differences against ``baseline`` (default: the first method)."""
     agent_names = [a.name for a in specs[0].exp.agents]
     results = [run_result(s) for s in specs]
     summary = summarise(results, methods, agent_names)
-    table = markdown_table(summary, agent_names)
+    table = markdown_table(summary, agent_names) + "\n" + per_seed_table(results, methods, agent_names)
+    if len(methods) > 1:
+        table += "\n" + paired_table(results, methods, baseline or methods[0], agent_names)
     (out / "compare.md").write_text(table)
     data = {"summary": {m: asdict(entry) for m, entry in summary.items()}, "runs": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(data, indent=1))
@@ -561,8 +418,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="cpu_demo", help="built-in preset name or YAML path (default cpu_demo)")
     p.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS),
-                   help=f"algorithms to compare (default {' '.join(DEFAULT_METHODS)}; also gspo, grpo)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2], help="train.seed values (default 0 1 2)")
+                   help=f"algorithms to compare (default {' '.join(DEFAULT_METHODS)}; also gspo, grpo, and the "
+                        f"HACPO variants {' '.join(VARIANTS)})")
+    p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4],
+                   help="train.seed values (default 0 1 2 3 4); each seed's methods share one warm-up")
+    p.add_argument("--baseline", default=None,
+                   help="method the paired differences are taken against (default: the first of --methods)")
     p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value",
                    help="dotted overrides for every run, e.g. train.steps=40 agents.0.backend=hf")
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (default runs/compare)")
@@ -570,6 +431,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be >= 1")
+    if args.baseline is not None and args.baseline not in args.methods:
+        p.error(f"--baseline {args.baseline}: must be one of --methods {args.methods}")
     return args
 
 
@@ -584,7 +447,7 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
         print(f"[compare] seed {seed}: every method starts from warm-up {shared}", flush=True)
     start = time.time()
     execute(plan_tasks(args.preset, specs, warm), args.jobs)
-    summary = write_outputs(specs, out, args.methods)
+    summary = write_outputs(specs, out, args.methods, args.baseline)
     print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
     print((out / "compare.md").read_text())
     print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")

@@ -162,3 +162,33 @@ def test_a_failing_pool_task_names_its_log(tmp_path):
     with pytest.raises(RuntimeError, match=r"hacpo seed 0 failed; see .*train.log"):
         cmp.execute([bad], jobs=2)
     assert "no_such_preset" in bad.log.read_text()  # the child's traceback is in the log
+
+
+def test_paired_differences_and_per_seed_table_from_stored_runs():
+    _, runs = cmp.load_results(BENCHMARKS / "COMPARE_cpu_demo.json")
+    finals = {(r.method, r.seed): r.agents["llama"].final for r in runs}
+    d = cmp.paired_differences(runs, "hacpo", "gspo_x2", "llama")
+    assert d.seeds == [0, 1, 2]
+    assert d.diffs == [finals[("hacpo", s)] - finals[("gspo_x2", s)] for s in (0, 1, 2)]
+    mean, std = d.mean_std
+    assert mean == pytest.approx(sum(d.diffs) / 3)
+    assert std == pytest.approx((sum((x - mean) ** 2 for x in d.diffs) / 2) ** 0.5)
+    assert sum(d.favour) == 3 and d.favour[0] == sum(x > 0 for x in d.diffs)
+    partial = [r for r in runs if not (r.method == "naive" and r.seed == 1)]  # an unfinished run drops its seed
+    assert cmp.paired_differences(partial, "naive", "hacpo", "qwen3").seeds == [0, 2]
+    table = cmp.per_seed_table(runs, ["hacpo", "gspo_x2", "naive"], ["llama", "qwen3"])
+    rows = [line for line in table.splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert len(rows) == 3 and rows[0].startswith(f"| 0 | {finals[('hacpo', 0)]:.3f} |")
+    paired = cmp.paired_table(runs, ["hacpo", "gspo_x2", "naive"], "hacpo", ["llama", "qwen3"])
+    assert sum(line.startswith("| GSPO×2 − HACPO | llama |") for line in paired.splitlines()) == 1
+    assert "| HACPO − HACPO" not in paired  # the baseline has no row against itself
+
+
+def test_hacpo_variants_are_methods_with_their_overrides(tmp_path):
+    specs = cmp.plan_runs("cpu_demo", ["hacpo", "hacpo+pessimistic", "hacpo+adaptive", "hacpo+both"], [3], [],
+                          tmp_path)
+    got = {s.method: (s.exp.hacpo.algorithm, s.exp.hacpo.cross_clip_mode, s.exp.hacpo.cross_window) for s in specs}
+    assert got == {"hacpo": ("hacpo", "clamp", "fixed"), "hacpo+pessimistic": ("hacpo", "pessimistic", "fixed"),
+                   "hacpo+adaptive": ("hacpo", "clamp", "adaptive"), "hacpo+both": ("hacpo", "pessimistic", "adaptive")}
+    assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1  # one warm-up for all four
+    assert specs[1].out_dir == tmp_path / "hacpo+pessimistic-seed3"
