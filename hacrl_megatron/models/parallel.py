@@ -10,8 +10,10 @@ that is how several TP = PP = DP = 1 agents share one controller process (docs/a
 
 Network exposure: a world whose ranks all run on this machine (the single-process world, a
 rendezvous file, or ``MASTER_ADDR`` on loopback, which Ray agents use when all their ranks share a
-node) listens on the loopback interface only: the rendezvous store binds 127.0.0.1 and gloo/NCCL
-use the loopback interface unless ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` say otherwise.
+node) listens on the loopback interface only: the rendezvous store binds 127.0.0.1 and gloo uses
+the loopback interface unless ``GLOO_SOCKET_IFNAME`` says otherwise. NCCL's interface is left to
+NCCL (``NCCL_SOCKET_IFNAME``): the same process may also join a weight-update group with SGLang
+servers on other nodes (``sync/distributed.py``), which a loopback-only NCCL could not reach.
 Multi-node worlds listen on the node's address without authentication and rely on a private
 cluster network (README, "Security notes").
 """
@@ -108,11 +110,10 @@ def loopback_interface() -> str | None:
 
 
 def _use_loopback_interface() -> None:
-    """gloo's and NCCL's sockets on the loopback interface, unless the user chose an interface."""
+    """gloo's sockets on the loopback interface, unless the user chose an interface."""
     name = loopback_interface()
     if name is not None:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
-        os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
 
 
 def _loopback_store(rank: int, world: int, port: int) -> object:
