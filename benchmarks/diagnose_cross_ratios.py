@@ -1,0 +1,128 @@
+"""Where do the cross ratios of a trained pair sit, for correct and for wrong answers? (docs/algorithm.md §5-5b)
+
+    python benchmarks/diagnose_cross_ratios.py RUN_DIR [--preset cpu_demo] [--prompts 48] [--samples 8]
+                                               [--seed 1234] [--json OUT.json]
+
+Loads the final agents of a finished ``hacrl train`` (``RUN_DIR/final/<agent>``), lets each sample
+``--samples`` responses for ``--prompts`` training-distribution prompts (offset past the run's
+training prompts, never the evaluation set), scores them with the shared verifier, and computes every
+response's log-probability under its author (π^(j), its own tokens) and under every other agent
+(π^(k), re-tokenized exactly as in training: ``Exchange.views``), at the rollout temperature.
+
+For each learner k and source j ≠ k it reports, separately for correct (R > 0) and wrong answers,
+the share of cross samples with s > 1, s in [1 − δ, 1] and s < 1 − δ, with s the sequence ratio of
+eq. 11 (per-token normalised), and the median log s normalised per token (eq. 11) and per UTF-8
+byte of the response text (Σ log π / bytes on both sides), to tell whether tokenizer granularity
+drives the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from hacrl_megatron.config import load_config  # noqa: E402
+from hacrl_megatron.trainer import loop, stages  # noqa: E402
+
+
+def build(run_dir: Path, preset: str, sets: list[str], seed: int) -> loop.Run:
+    """The run's config with every agent starting from its exported final weights, no warm-up."""
+    exp = load_config(preset, [*sets, "train.sft_warmup=false", f"train.seed={seed}", "log.progress=false",
+                               "log.tensorboard=false", f"output_dir={run_dir / 'diagnosis'}"])
+    agents = []
+    for a in exp.agents:
+        final = run_dir / "final" / a.name
+        if not final.is_dir():
+            raise SystemExit(f"{final}: missing; RUN_DIR must be a finished `hacrl train` output folder")
+        agents.append(dataclasses.replace(a, init_checkpoint=str(final)))
+    return loop.setup(dataclasses.replace(exp, agents=agents))
+
+
+def score_pairs(run: loop.Run, prompts: int) -> list[dict[str, Any]]:
+    """One record per (learner, cross sample): reward, token- and byte-normalised log s."""
+    exp = run.exp
+    offset = exp.train.steps * exp.train.prompts_per_step  # past every prompt the run trained on
+    records = run.task.sample(prompts, offset=offset)
+    data = stages.verify(run.verifier, records, stages.rollout(run.runtimes, records, exp, step=10**6),
+                         10**6, exp.rollout.max_response_len + 1)
+    stages.old_logprobs(run.runtimes, data, run.exchange, exp)  # Σ log π^(j) of each response, its own tokens
+    out = []
+    for rt in run.runtimes:
+        ids = stages.prompt_id_map(rt, data.prompts)
+        for src in run.runtimes:
+            if src.index == rt.index:
+                continue
+            trajs = data.trajectories[src.name]
+            views = run.exchange.views(rt.name, trajs, ids, record_stats=False)
+            keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
+            sums, lens = rt.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]),
+                                                    exp.rollout.temperature)
+            for i, s_k, l_k in zip(keep, sums.tolist(), lens.tolist()):
+                t = trajs[i]
+                n_bytes = max(len(t.response_text.encode("utf-8")), 1)
+                out.append({"learner": rt.name, "source": src.name, "correct": t.reward > 0,
+                            "log_s_token": s_k / l_k - t.source_logp_sum / t.source_len,
+                            "log_s_byte": (s_k - t.source_logp_sum) / n_bytes})
+    return out
+
+
+def summarise(rows: list[dict[str, Any]], low: float) -> dict[str, Any]:
+    import math
+
+    out: dict[str, Any] = {}
+    for key in sorted({(r["learner"], r["source"]) for r in rows}):
+        for correct in (True, False):
+            sel = [r for r in rows if (r["learner"], r["source"]) == key and r["correct"] == correct]
+            if not sel:
+                continue
+            s = [math.exp(r["log_s_token"]) for r in sel]
+            out[f"{key[0]} on {key[1]} / {'correct' if correct else 'wrong'}"] = {
+                "n": len(sel),
+                "frac_s_above_1": sum(v > 1 for v in s) / len(s),
+                "frac_in_window": sum(low <= v <= 1 for v in s) / len(s),
+                "frac_below_window": sum(v < low for v in s) / len(s),
+                "median_log_s_token": statistics.median(r["log_s_token"] for r in sel),
+                "median_log_s_byte": statistics.median(r["log_s_byte"] for r in sel),
+            }
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("run_dir", type=Path)
+    p.add_argument("--preset", default="cpu_demo")
+    p.add_argument("--prompts", type=int, default=48)
+    p.add_argument("--samples", type=int, default=8)
+    p.add_argument("--seed", type=int, default=1234, help="sampling seed (train.seed of the diagnosis)")
+    p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value")
+    p.add_argument("--json", type=Path, default=None)
+    args = p.parse_args(argv)
+    run = build(args.run_dir, args.preset, [*args.sets, f"rollout.samples_per_prompt={args.samples}"], args.seed)
+    try:
+        summary = summarise(score_pairs(run, args.prompts), run.exp.hacpo.cross_clip_low)
+    finally:
+        run.verifier.close()
+        for rt in run.runtimes:
+            rt.close()
+    print("| learner on source / answers | n | s > 1 | s in [1−δ, 1] | s < 1−δ | median log s (token) | "
+          "median log s (byte) |")
+    print("|---|---|---|---|---|---|---|")
+    for name, v in summary.items():
+        print(f"| {name} | {v['n']} | {v['frac_s_above_1']:.2f} | {v['frac_in_window']:.2f} | "
+              f"{v['frac_below_window']:.2f} | {v['median_log_s_token']:+.3f} | {v['median_log_s_byte']:+.3f} |")
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
