@@ -195,7 +195,9 @@ class DataConfig:
     """Training and evaluation prompts."""
 
     task: str = "addition"  # procedural: addition | arithmetic | countdown | linear; or a dataset name
-    path: str | None = None  # local jsonl/parquet file for dataset tasks
+    path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file)
+    checker: str | None = None  # a user's verifier replacing the built-in one for every reward:
+    # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in [0, 1]
     difficulty: int = 2  # procedural knob (digits / numbers)
     eval_size: int = 200
     eval_benchmarks: list[str] = field(default_factory=list)  # names for `hacrl eval`
@@ -479,16 +481,30 @@ def validate_data_names(data: DataConfig) -> None:
     _rule(data.path is None or data.task in BENCHMARKS, "data.path", data.path,
           f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural")
     _rule(data.path is None or data.path.strip() != "", "data.path", data.path, "must not be empty (omit it)")
+    if data.checker is not None:
+        from hacrl_megatron.reward.custom import CheckerError, parse_checker_spec
+
+        try:
+            parse_checker_spec(data.checker)
+        except CheckerError as err:
+            raise ConfigError(str(err)) from None
 
 
 def check_data_files(data: DataConfig) -> list[Path]:
     """The files ``data`` reads, checked to exist now (no parsing); [] for procedural tasks.
+    ``data.checker``, when set, is imported and checked too.
 
     Raises ConfigError naming ``data.path`` (or ``$HACRL_DATA_DIR``) and where files were expected.
     """
     from hacrl_megatron.data import BENCHMARKS
     from hacrl_megatron.data.benchmarks import resolve_data_files
+    from hacrl_megatron.reward.custom import CheckerError, load_checker
 
+    if data.checker is not None:  # the user's checker imports and has the right signature
+        try:
+            load_checker(data.checker)
+        except CheckerError as err:
+            raise ConfigError(str(err)) from None
     if data.task not in BENCHMARKS:
         return []
     try:

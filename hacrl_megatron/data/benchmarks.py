@@ -22,6 +22,11 @@ Schemas (the columns of the public releases; all records get ``kind="math"``; id
 | amc23 | test | question (or problem) | answer (27.0 → 27) | id |
 | minerva | test | problem (or question) | answer, else last ``\\boxed{}`` of solution | idx/id |
 | olympiadbench | test | question (context prepended) | final_answer list, ``$`` stripped, joined by ", " | id |
+| custom | train | question (or problem, prompt) | answer (any JSON value, as text) | id |
+
+``custom`` is a user's own dataset (``data.task: custom``, ``data.path: my.jsonl``); its rows may carry
+a ``solution`` (the warm-up's target; end it with ``\\boxed{answer}``), and ``data.checker`` can replace
+the built-in verifier for it (``reward/custom.py``, ``examples/custom_task``).
 """
 
 from __future__ import annotations
@@ -48,6 +53,7 @@ DEFAULT_SPLITS = {
     "amc23": "test",
     "minerva": "test",
     "olympiadbench": "test",
+    "custom": "train",
 }
 BENCHMARKS = tuple(DEFAULT_SPLITS)
 _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
@@ -136,6 +142,12 @@ def _olympiad_row(row: dict) -> Row:
     return question, _answer_text(_col(row, "final_answer")), row.get("id"), solution
 
 
+def _custom_row(row: dict) -> Row:
+    solution = row.get("solution")
+    return _col(row, "question", "problem", "prompt"), _answer_text(_col(row, "answer")), row.get("id"), \
+        (str(solution) if solution is not None else None)
+
+
 _NORMALISERS: dict[str, Callable[[dict], Row]] = {
     "math": _math_row,
     "math500": _math500_row,
@@ -144,6 +156,7 @@ _NORMALISERS: dict[str, Callable[[dict], Row]] = {
     "amc23": _amc_row,
     "minerva": _minerva_row,
     "olympiadbench": _olympiad_row,
+    "custom": _custom_row,
 }
 
 

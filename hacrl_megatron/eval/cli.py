@@ -14,6 +14,7 @@ import logging
 
 from hacrl_megatron.eval.evaluate import EvalSettings, markdown_table, write_results
 from hacrl_megatron.eval.run import EvalData, run_eval
+from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 
 logger = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--verifier-workers", type=int, default=0, help="verifier processes (0: in-process)")
     p.add_argument("--verifier-mode", default="math", help="math (paper's exact match) | math_verify")
+    p.add_argument("--checker", default=None, metavar="MODULE:FUNCTION",
+                   help="a user's verifier instead of the built-in one: 'pkg.module:function' or "
+                        "'file.py:function', f(response, reference) -> reward in [0, 1] (examples/custom_task)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--out", default=None, help="write results.json, results.md and samples.jsonl here")
 
@@ -79,7 +83,8 @@ def main(args: argparse.Namespace) -> int:
     settings = EvalSettings(k=args.k, n=args.n, greedy=not args.sample, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens, template=args.template, seed=args.seed)
     results = []
-    with VerifierPool(num_workers=args.verifier_workers, mode=args.verifier_mode) as verifier:
+    score_fn = custom_score_fn(args.checker, field="--checker")  # checked before any model loads
+    with VerifierPool(num_workers=args.verifier_workers, mode=args.verifier_mode, score_fn=score_fn) as verifier:
         for agent, name, tok in zip(args.agent, names, tokenizers, strict=True):
             results.append(run_eval(agent, data, settings, tokenizer=tok, model_name=name, dtype=args.dtype,
                                     verifier=verifier))

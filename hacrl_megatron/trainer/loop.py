@@ -19,6 +19,7 @@ from hacrl_megatron.algo import CapabilityTracker, positive_rate
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task, make_task
 from hacrl_megatron.exchange.retokenize import Exchange
+from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
@@ -65,7 +66,7 @@ def setup(exp: ExperimentConfig) -> Run:
     tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
                                 ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
-                            mode=exp.train.verifier_mode)
+                            mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
     return Run(exp, runtimes, exchange, tracker, verifier, task, eval_records)
 
 

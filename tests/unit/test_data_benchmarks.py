@@ -34,6 +34,7 @@ EXPECTED = {
         ("olympiadbench-1607", "-2, 2"),
         ("olympiadbench-1608", "9"),
     ],
+    "custom": [("custom-s-1", "400+57"), ("custom-s-2", "12"), ("custom-train-2", "2, 3")],  # a user's own file
 }
 
 

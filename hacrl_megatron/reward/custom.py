@@ -1,0 +1,153 @@
+"""A user's own verifier, plugged in by configuration (``data.checker``, ``hacrl eval --checker``).
+
+A checker is a plain function ``checker(response: str, reference: str) -> float`` returning the
+reward R(y) ∈ [0, 1] of one response (the paper's verifiable reward; the capability tracker counts
+a response as solved when its reward is > 0, eq. 7). ``reference`` is the record's ``answer``
+field from the dataset file. It is named by a spec string:
+
+- ``"package.module:function"`` — an importable module (on ``sys.path`` / ``PYTHONPATH``);
+- ``"path/to/checker.py:function"`` — a Python file, relative to the current directory.
+
+The spec is checked when the run starts (:func:`load_checker`: the module imports, the name exists,
+is callable and takes two positional arguments), so a typo fails before any model is built with an
+error naming ``data.checker``. In the verifier's worker processes the function is loaded again from
+the same spec (:class:`CustomScorer` pickles the spec, never the function), and every call keeps the
+pool's guarantees: an exception or a value outside [0, 1] scores 0 and is counted, a hang is killed
+at the per-item timeout. See ``examples/custom_task``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import os
+import re
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from hacrl_megatron.errors import InputError
+from hacrl_megatron.reward.verify import RewardRequest
+
+Checker = Callable[[str, str], float]
+_MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+_loaded: dict[str, Checker] = {}  # spec -> function, per process (workers load once)
+
+
+class CheckerError(InputError):
+    """A ``data.checker`` spec that cannot be used; the message names the spec and the reason."""
+
+
+@dataclass(frozen=True)
+class CheckerSpec:
+    """A parsed spec: ``target`` is a module name or a ``.py`` file path, ``function`` the attribute."""
+
+    target: str
+    function: str
+    is_file: bool
+
+
+def parse_checker_spec(spec: str, field: str = "data.checker") -> CheckerSpec:
+    """Split ``"module:function"`` / ``"file.py:function"`` (pure: no import, no file access)."""
+    rule = "must be 'package.module:function' or 'path/to/file.py:function'"
+    if not isinstance(spec, str) or spec.count(":") < 1:
+        raise CheckerError(f"{field}={spec!r}: {rule}")
+    target, function = spec.rsplit(":", 1)
+    target, function = target.strip(), function.strip()
+    if not function.isidentifier():
+        raise CheckerError(f"{field}={spec!r}: {function!r} is not a function name; {rule}")
+    is_file = target.endswith(".py")
+    if not target or (not is_file and not _MODULE_RE.match(target)):
+        raise CheckerError(f"{field}={spec!r}: {target!r} is neither a module name nor a .py file; {rule}")
+    return CheckerSpec(target, function, is_file)
+
+
+def _import_file(path: Path, field: str, spec: str):
+    # a stable module name per file, so two checkers called check.py never collide
+    name = "hacrl_user_checker_" + hashlib.sha256(str(path).encode()).hexdigest()[:12]
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    if module_spec is None or module_spec.loader is None:
+        raise CheckerError(f"{field}={spec!r}: cannot load {path} as a Python module")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as err:
+        del sys.modules[name]
+        raise CheckerError(f"{field}={spec!r}: importing {path} failed: {type(err).__name__}: {err}") from None
+    return module
+
+
+def _import_target(parsed: CheckerSpec, field: str, spec: str):
+    if parsed.is_file:
+        path = Path(parsed.target).expanduser().resolve()
+        if not path.is_file():
+            raise CheckerError(f"{field}={spec!r}: no such file {path} (relative paths start at {os.getcwd()})")
+        return _import_file(path, field, spec)
+    try:
+        return importlib.import_module(parsed.target)
+    except ModuleNotFoundError as err:
+        raise CheckerError(f"{field}={spec!r}: module {parsed.target!r} not found ({err}); put its folder on "
+                           "PYTHONPATH or name the file instead: 'path/to/file.py:function'") from None
+    except Exception as err:
+        raise CheckerError(f"{field}={spec!r}: importing {parsed.target!r} failed: {type(err).__name__}: {err}") from None
+
+
+def load_checker(spec: str, field: str = "data.checker") -> Checker:
+    """The checker function named by ``spec``, imported and checked; cached per process.
+
+    Raises :class:`CheckerError` naming ``field`` and ``spec`` when the module or file does not
+    import, the name is missing or not callable, or it cannot be called as ``f(response, reference)``.
+    """
+    if spec in _loaded:
+        return _loaded[spec]
+    parsed = parse_checker_spec(spec, field)
+    module = _import_target(parsed, field, spec)
+    fn = getattr(module, parsed.function, None)
+    if fn is None:
+        public = sorted(n for n in vars(module) if not n.startswith("_") and callable(vars(module)[n]))
+        raise CheckerError(f"{field}={spec!r}: {parsed.target} has no {parsed.function!r}; its callables: {public}")
+    if not callable(fn):
+        raise CheckerError(f"{field}={spec!r}: {parsed.function!r} is a {type(fn).__name__}, not a function")
+    try:
+        inspect.signature(fn).bind("response", "reference")
+    except TypeError as err:
+        raise CheckerError(f"{field}={spec!r}: must accept two positional arguments (response, reference): {err}") from None
+    except ValueError:  # builtins without a signature: trust them
+        pass
+    _loaded[spec] = fn
+    return fn
+
+
+@dataclass(frozen=True)
+class CustomScorer:
+    """A :class:`~hacrl_megatron.reward.pool.VerifierPool` ``score_fn`` calling a user checker.
+
+    Picklable: it carries the spec (file paths made absolute, so worker processes resolve the same
+    file), and each process loads the function once. ``mode`` (the built-in verifier's mode) is
+    not passed on: the checker defines the whole reward.
+    """
+
+    spec: str
+
+    @classmethod
+    def from_spec(cls, spec: str, field: str = "data.checker") -> CustomScorer:
+        """Checked in this process first (:func:`load_checker`), so errors surface before any work."""
+        parsed = parse_checker_spec(spec, field)
+        if parsed.is_file:
+            spec = f"{Path(parsed.target).expanduser().resolve()}:{parsed.function}"
+        load_checker(spec, field)
+        return cls(spec)
+
+    def __call__(self, request: RewardRequest, mode: str) -> float:
+        return float(load_checker(self.spec)(request.response, request.reference))
+
+
+def custom_score_fn(spec: str | None, field: str = "data.checker") -> CustomScorer | None:
+    """The pool's ``score_fn`` for an optional spec: None keeps the built-in verifier."""
+    return None if spec is None else CustomScorer.from_spec(spec, field)
