@@ -6,6 +6,14 @@ each agent on correct answers (``task.sft_target``) until its greedy accuracy re
 model's accuracy jumps abruptly). The result is an HF checkpoint cached under
 ``$HACRL_CACHE`` (default ``~/.cache/hacrl_megatron``)/warmup/<agent>-<hash of everything that
 shapes it>, so `hacrl train` reuses it.
+
+Shipped warm-ups: the package carries the warm-up of the default demo's agents
+(``hacrl_megatron/presets/warmup/<agent>-<hash>``, written by ``tools/ship_warmup.py`` with this
+module's own :func:`warm_up_agent`), so a first ``hacrl train`` skips the supervised phase. They are
+used only when the hash (the same key as the cache) matches exactly; any change of model,
+tokenizer, schedule, task or seed falls back to training, and ``hacrl pretrain --force`` always
+trains. ``tests/e2e/test_shipped_warmup.py`` checks the shipped weights still reach their thresholds
+and regenerates them (slow).
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBa
 from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.evaluation import evaluate_agents
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process
@@ -34,6 +43,10 @@ logger = logging.getLogger(__name__)
 
 EVAL_EVERY = 20  # warm-up updates between accuracy checks
 EVAL_ITEMS = 100
+
+
+SHIPPED_DIR = Path(__file__).resolve().parents[1] / "presets" / "warmup"
+INFO_FILE = "warmup.json"
 
 
 def cache_root() -> Path:
@@ -45,7 +58,18 @@ def needs_warmup(exp: ExperimentConfig, agent: AgentConfig) -> bool:
 
 
 def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
-    """Cache folder of agent ``index``'s warm-up.
+    """Cache folder of agent ``index``'s warm-up (``<cache>/warmup/<warmup_key>``)."""
+    return cache_root() / "warmup" / warmup_key(exp, index)
+
+
+def shipped_warmup(exp: ExperimentConfig, index: int) -> Path | None:
+    """The warm-up of agent ``index`` shipped with the package for exactly this key, else None."""
+    path = SHIPPED_DIR / warmup_key(exp, index)
+    return path if (path / INFO_FILE).is_file() else None
+
+
+def warmup_key(exp: ExperimentConfig, index: int) -> str:
+    """``<agent name>-<12 hex digits>``: the name of agent ``index``'s warm-up folder.
 
     The hash covers exactly what shapes the warm-up weights (architecture, tokenizer, prompt
     template, backend numerics, warm-up schedule, task and data, seeds), not unrelated fields such
@@ -59,8 +83,10 @@ def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
         "task": [exp.data.task, exp.data.difficulty, exp.data.seed, exp.data.path],
         "seed": exp.train.seed, "index": index, "max_response_len": exp.rollout.max_response_len,
     }
+    if exp.data.checker is not None:  # a user's checker decides when the warm-up stops
+        key["checker"] = exp.data.checker
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-    return cache_root() / "warmup" / f"{agent.name}-{digest}"
+    return f"{agent.name}-{digest}"
 
 
 def sft_loss(out: LogProbOutput, inputs: LossInputs | None, info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
@@ -107,7 +133,7 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
     shutil.rmtree(tmp, ignore_errors=True)
     rt.engine.model.save_pretrained(tmp)
     rt.tokenizer.save_pretrained(tmp)
-    (tmp / "warmup.json").write_text(json.dumps(info, indent=2))
+    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
     if out_dir.exists():
         shutil.rmtree(out_dir)
     os.replace(tmp, out_dir)  # atomic: a crashed warm-up never leaves a half-written cache entry
@@ -115,16 +141,26 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
 
 
 def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
-    """Warm up every agent that needs it (cached unless ``force``); returns name → HF checkpoint dir."""
+    """Warm up every agent that needs it; returns name → HF checkpoint dir.
+
+    Without ``force`` an agent's warm-up comes from the cache, else from the package's shipped
+    warm-ups (same key), else it is trained into the cache.
+    """
     configure_process(exp)
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
     out = {}
-    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode) as verifier:
+    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode,
+                      score_fn=custom_score_fn(exp.data.checker)) as verifier:
         for i, agent in enumerate(exp.agents):
             if not needs_warmup(exp, agent):
                 continue
-            target = warmup_dir(exp, i)
-            if force or not (target / "warmup.json").exists():
+            target, shipped = warmup_dir(exp, i), shipped_warmup(exp, i)
+            if not force and not (target / INFO_FILE).exists() and shipped is not None:
+                info = json.loads((shipped / INFO_FILE).read_text())
+                logger.info("warm-up %s: shipped with the package (%d steps, accuracy %.2f) → %s", agent.name,
+                            info["steps"], info["greedy_accuracy"], shipped)
+                target = shipped
+            elif force or not (target / INFO_FILE).exists():
                 target.parent.mkdir(parents=True, exist_ok=True)
                 info = warm_up_agent(exp, i, target, verifier)
                 logger.info("warm-up %s: done: %d steps, accuracy %.2f, %.0f s → %s", agent.name, info["steps"],
