@@ -41,6 +41,7 @@ MAY_CHANGE_ON_RESUME = (
     "train.verifier_workers", "data.eval_size", "data.eval_benchmarks", "checkpoint.*", "log.*",
     "agents.*.workers", "agents.*.parallel.tp", "agents.*.parallel.pp", "agents.*.parallel.dp",
     "agents.*.parallel.sequence_parallel", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
+    "rollout.weight_sync_bucket_mb", "rollout.colocate",
 )
 _OUT_OF_SPACE = (errno.ENOSPC, errno.EDQUOT)
 _NEARLY_FULL = 1 << 20  # bytes: a write that failed with less than this free is taken to be a full disk

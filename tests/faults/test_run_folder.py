@@ -98,6 +98,13 @@ def test_config_differences_ignore_what_a_resume_may_change():
     assert config_differences(saved, now)[0] == "agents: 1 agents (saved) vs 2 (now)"
 
 
+def test_resume_may_change_weight_sync_bucket_and_colocation_but_not_sampling():
+    saved = {"rollout": {"weight_sync": "disk", "weight_sync_bucket_mb": 512, "colocate": False, "temperature": 1.0}}
+    now = {"rollout": {"weight_sync": "distributed", "weight_sync_bucket_mb": 64, "colocate": True,
+                       "temperature": 0.7}}
+    assert config_differences(saved, now) == ["rollout.temperature: 1.0 (saved) vs 0.7 (now)"]
+
+
 def test_resume_into_an_empty_folder_says_it_starts_fresh(tmp_path, capsys):
     exp = tiny(tmp_path, steps=1, every=1)
     assert main(["train", "--preset", preset_file(tmp_path, exp), "checkpoint.resume=true"]) == 0
