@@ -2,6 +2,7 @@
 
     python benchmarks/bench_step_cost.py [--preset cpu_demo] [--steps 3] [--repeats 3] [--set key=value ...]
                                          [--json OUT.json]
+    python benchmarks/bench_step_cost.py --project PLAN.json [--train-factor 1.05]   # GPU-cluster projection
 
 Both runs are built once from the same warm-up (``train.sft_warmup`` reads the cache) and make
 the same number of optimizer updates per step (``train.mini_batches``). They then run
@@ -166,6 +167,30 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def project(plan: dict[str, Any], train_factor: float) -> dict[str, Any]:
+    """A GPU-cluster step of HACPO and GSPO×2 from a ``hacrl plan --json`` experiment plan.
+
+    The planner prices, per agent, rollout (G and 2G samples per prompt), training and sync; its
+    train_s counts (6 + r)·N FLOPs per trained token (r = 2 with full recompute) plus 2·N for a π_old
+    pass over all n·P·G trained sequences. That is GSPO×2's work (2·P·G own sequences, old pass over the
+    same). HACPO trains on the same n·P·G sequences but each agent's old pass covers only its own P·G
+    (docs/algorithm.md §3), and its trained sequences cost ``train_factor`` times as much (the measured
+    padding / re-tokenized length ratio). Per agent: T_HACPO = train_s·((6 + r)·train_factor + 2/n)/(8 + r).
+    Agents run side by side: each component of the step is the slowest agent's.
+    """
+    n = len(plan["agents"])
+    rows = []
+    for agent in plan["agents"]:
+        t = agent["time_s"]
+        r = 2.0 if agent["layout"]["recompute"] == "full" else 0.0
+        rows.append({"rollout": (t["rollout_s"], t["gspo_x2_rollout_s"]),
+                     "train": (t["train_s"] * ((6 + r) * train_factor + 2 / n) / (8 + r), t["train_s"]),
+                     "sync": (t["sync_s"], t["sync_s"])})
+    out = {k: tuple(max(row[k][i] for row in rows) for i in (0, 1)) for k in ("rollout", "train", "sync")}
+    out["step"] = tuple(sum(out[k][i] for k in ("rollout", "train", "sync")) for i in (0, 1))
+    return {k: {"hacpo_s": v[0], "gspo_x2_s": v[1], "ratio": v[0] / v[1]} for k, v in out.items()}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", default="cpu_demo")
@@ -173,7 +198,17 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value")
     p.add_argument("--json", type=Path, default=None, help="write every number here")
+    p.add_argument("--project", type=Path, default=None, metavar="PLAN.json",
+                   help="only project a `hacrl plan --json` experiment plan with --train-factor, no measurement")
+    p.add_argument("--train-factor", type=float, default=1.0,
+                   help="HACPO / GSPO×2 cost of the trained sequences (e.g. the measured update CPU ratio)")
     args = p.parse_args(argv)
+    if args.project:
+        projected = project(json.loads(args.project.read_text()), args.train_factor)
+        print("| stage | HACPO s | GSPO×2 s | ratio |\n|---|---|---|---|")
+        for k, v in projected.items():
+            print(f"| {k} | {v['hacpo_s']:.1f} | {v['gspo_x2_s']:.1f} | {v['ratio']:.2f} |")
+        return projected
     with tempfile.TemporaryDirectory(prefix="bench_step_cost_") as tmp:
         runs = {m: build(args.preset, m, args.sets, Path(tmp)) for m in METHODS}
         try:
