@@ -28,7 +28,8 @@ OUTSIDE = [
                 r"(?:\.md\b|\s+§)"), "a private research note: cite docs/measured.md §N"),
     (re.compile(r"\b(?:DESIGN|STYLE)(?:\.md\b|\s+rule\b|:)"), "a private design note: cite docs/architecture.md"),
     (re.compile(r"(?<![\w.])/work/"), "an absolute workspace path"),
-    (re.compile(r"(?<![\w.])/(?:home|Users)/[\w.-]+"), "an absolute home path"),
+    # /home/hacrl is the home of the container image's own user (Dockerfile), not a developer's machine
+    (re.compile(r"(?<![\w.])/(?:home|Users)/(?!hacrl\b)[\w.-]+"), "an absolute home path"),
     (re.compile(r"(?<![\w.])/root/"), "an absolute home path"),
 ]
 LINK = re.compile(r"!?\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)")
@@ -130,6 +131,7 @@ def test_docs_citations_name_existing_pages_and_sections(texts):
     ("DESIGN.md data flow; STYLE rule 12; DESIGN: sync/", 3),
     ("/work/main/x and /home/alice/y and /root/.cache", 3),
     ("docs/algorithm.md §5, ~/.cache/hacrl_megatron, calibration of the demo, /tmp/x, the design", 0),
+    ("ENV HOME=/home/hacrl", 0),
 ])
 def test_the_outside_patterns_catch_what_they_should(text, expected):
     assert sum(len(_hits(text, p)) for p, _ in OUTSIDE) == expected
