@@ -77,4 +77,5 @@ def test_bad_arguments_are_named(tmp_path, capsys):
     assert hacrl(["convert", "--from-hf", str(tmp_path), "--to-hf", str(tmp_path / "z")]) == 2
     assert "no config.json" in capsys.readouterr().err
     assert hacrl(["convert", "--from-megatron", str(tmp_path / "hf"), "--to-hf", str(tmp_path / "z")]) == 2
-    assert "not an hacrl agent checkpoint" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert str(tmp_path / "hf") in err and "metadata.json is missing" in err
