@@ -1,9 +1,10 @@
 """Where do the cross ratios of a trained pair sit, for correct and for wrong answers? (docs/algorithm.md §5-5b)
 
-    python benchmarks/diagnose_cross_ratios.py RUN_DIR [--preset cpu_demo] [--prompts 48] [--samples 8]
+    python benchmarks/diagnose_cross_ratios.py [RUN_DIR] [--preset cpu_demo] [--prompts 48] [--samples 8]
                                                [--seed 1234] [--json OUT.json]
 
-Loads the final agents of a finished ``hacrl train`` (``RUN_DIR/final/<agent>``), lets each sample
+Loads the final agents of a finished ``hacrl train`` (``RUN_DIR/final/<agent>``; without RUN_DIR the
+preset's starting agents, e.g. to check a pair of very different tokenizers), lets each sample
 ``--samples`` responses for ``--prompts`` training-distribution prompts (offset past the run's
 training prompts, never the evaluation set), scores them with the shared verifier, and computes every
 response's log-probability under its author (π^(j), its own tokens) and under every other agent
@@ -34,8 +35,11 @@ from hacrl_megatron.config import load_config  # noqa: E402
 from hacrl_megatron.trainer import loop, stages  # noqa: E402
 
 
-def build(run_dir: Path, preset: str, sets: list[str], seed: int) -> loop.Run:
-    """The run's config with every agent starting from its exported final weights, no warm-up."""
+def build(run_dir: Path | None, preset: str, sets: list[str], seed: int) -> loop.Run:
+    """The run's config with every agent starting from its exported final weights, no warm-up; with
+    ``run_dir=None`` the preset's own starting agents (its warm-up, or pretrained weights)."""
+    if run_dir is None:
+        return loop.setup(load_config(preset, [*sets, "log.progress=false", "log.tensorboard=false"]))
     exp = load_config(preset, [*sets, "train.sft_warmup=false", f"train.seed={seed}", "log.progress=false",
                                "log.tensorboard=false", f"output_dir={run_dir / 'diagnosis'}"])
     agents = []
@@ -98,7 +102,8 @@ def summarise(rows: list[dict[str, Any]], low: float) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("run_dir", type=Path)
+    p.add_argument("run_dir", type=Path, nargs="?", default=None,
+                   help="a finished run's output folder; omitted: the preset's starting agents")
     p.add_argument("--preset", default="cpu_demo")
     p.add_argument("--prompts", type=int, default=48)
     p.add_argument("--samples", type=int, default=8)
@@ -106,7 +111,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value")
     p.add_argument("--json", type=Path, default=None)
     args = p.parse_args(argv)
-    run = build(args.run_dir, args.preset, [*args.sets, f"rollout.samples_per_prompt={args.samples}"], args.seed)
+    sets = [*args.sets, f"rollout.samples_per_prompt={args.samples}"]
+    run = build(args.run_dir, args.preset, sets if args.run_dir else [*sets, f"train.seed={args.seed}"], args.seed)
     try:
         summary = summarise(score_pairs(run, args.prompts), run.exp.hacpo.cross_clip_low)
     finally:
