@@ -6,6 +6,7 @@
     hacrl convert ...                                          HF / GGUF ↔ Megatron checkpoints
     hacrl launch ...                                           submit a job through NeMo-Run
     hacrl plan ...                                             will a layout fit; layouts for a whole cluster
+    hacrl prepare data NAME... | model HUB_ID                  datasets and models into data/ and models/
     hacrl config [--preset ...] [overrides ...]                print the resolved, validated config
     hacrl presets                                              list built-in presets
 
@@ -35,6 +36,7 @@ EXTERNAL_COMMANDS = {
     "convert": ("hacrl_megatron.cli_convert", "convert HF/GGUF checkpoints to Megatron and back"),
     "launch": ("hacrl_megatron.launch.cli", "run a hacrl job through NeMo-Run (local, Slurm + Ray cluster, Docker)"),
     "plan": ("hacrl_megatron.plan.cli", "memory, layout and step-time planner for a cluster (docs/planner.md)"),
+    "prepare": ("hacrl_megatron.prepare.cli", "fetch the paper's datasets and models (hub or local mirror)"),
 }
 
 
