@@ -77,9 +77,30 @@ def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *
     if ray_cluster is None:
         ray_cluster = isinstance(executor, run.SlurmExecutor)
     if ray_cluster:
+        if isinstance(executor, run.SlurmExecutor) and "head_gpus" not in ray_script:
+            ray_script = {**_slurm_placement(preset, overrides, executor), **ray_script}
         return run.Script(inline=ray_cluster_script(cmd, python=python, **ray_script), entrypoint="bash")
     # a python -m script: run.Script's default entrypoint is bash, which cannot run a module
     return run.Script(path="hacrl_megatron", args=cmd[3:], entrypoint=python, m=True)
+
+
+def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: Any) -> dict[str, Any]:
+    """``head_gpus`` and the placement header for a Slurm job of ``preset``
+    (:mod:`hacrl_megatron.launch.placement`); {} when the config cannot be read here."""
+    from hacrl_megatron.config import ConfigError, load_config
+    from hacrl_megatron.launch.placement import PlacementError, node_plan
+
+    if not executor.gpus_per_node:
+        return {}  # CPU nodes: nothing to place
+    try:
+        cfg = load_config(preset, overrides)
+    except (ConfigError, OSError):
+        return {}  # --no-validate: a preset that exists only on the cluster
+    try:
+        plan = node_plan(cfg, int(executor.nodes), int(executor.gpus_per_node))
+    except PlacementError as err:
+        raise LaunchError(f"{executor.nodes} node(s) x {executor.gpus_per_node} GPUs: {err}") from None
+    return {"head_gpus": plan.head_ray_gpus, "placement": plan.describe()}
 
 
 def _state_name(state: Any) -> str:

@@ -33,7 +33,13 @@ NODEID="${SLURM_NODEID:-0}"
 # $HACRL_RAY_START_ARGS: extra per-node `ray start` flags from the environment (word-split on purpose)
 # shellcheck disable=SC2206
 RAY_ARGS=(--disable-usage-stats __RAY_ARGS__ ${HACRL_RAY_START_ARGS:-})
-# Ray >= 2.5x token authentication: on by default here; every node and the driver must hold the same
+# Multi-GPU training defaults (override any of them with the job's --env): Megatron's TP/SP
+# communication overlap needs one CUDA work queue per device so kernels run in issue order
+export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
+export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
+export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"  # a hung collective fails the job
+export NCCL_IB_TIMEOUT="${NCCL_IB_TIMEOUT:-22}"  # InfiniBand retry timeout (4.096 us * 2^22 ~ 17 s)
+__PLACEMENT__# Ray >= 2.5x token authentication: on by default here; every node and the driver must hold the same
 # token: $RAY_AUTH_TOKEN (pass it with the job's env) or ~/.ray/auth_token on a shared home.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
 RAY_PID=""
@@ -54,7 +60,7 @@ if [ "$NODEID" = "0" ]; then
   fi
   echo "[hacrl] starting the Ray head at $RAY_ADDRESS for $NNODES node(s)"
   "${RAY[@]}" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" --include-dashboard=false \
-      "${RAY_ARGS[@]}" &
+      "${RAY_ARGS[@]}" __HEAD_ARGS__&
   RAY_PID=$!
   trap 'stop_ray; exit 143' TERM
   if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT"; then
@@ -87,11 +93,14 @@ fi
 
 
 def ray_cluster_script(command: list[str], *, python: str = "python", port: int = 6379, wait_timeout_s: int = 600,
-                       ray_start_args: list[str] | None = None) -> str:
+                       ray_start_args: list[str] | None = None, head_gpus: int | None = None,
+                       placement: list[str] | None = None) -> str:
     """The bash script every node of the job runs (see module docstring).
 
     ``command`` runs on the head node once all ``$SLURM_NNODES`` nodes have joined;
-    ``ray_start_args`` go to every ``ray start`` (e.g. ``--num-cpus=64``, ``--temp-dir=...``).
+    ``ray_start_args`` go to every ``ray start`` (e.g. ``--num-cpus=64``, ``--temp-dir=...``);
+    ``head_gpus``: GPUs the head node offers Ray (0 when its GPUs run the controller's SGLang
+    engines, :mod:`hacrl_megatron.launch.placement`); ``placement``: lines for the header.
     """
     if not command:
         raise ValueError("command must not be empty")
@@ -99,7 +108,12 @@ def ray_cluster_script(command: list[str], *, python: str = "python", port: int 
         raise ValueError(f"port={port}: must be a TCP port (1-65535)")
     if wait_timeout_s <= 0:
         raise ValueError(f"wait_timeout_s={wait_timeout_s}: must be > 0")
+    if head_gpus is not None and head_gpus < 0:
+        raise ValueError(f"head_gpus={head_gpus}: must be >= 0")
+    lines = "".join(f"# placement: {line}\n" for line in placement or [])
     fill = {
+        "__PLACEMENT__": lines,
+        "__HEAD_ARGS__": "" if head_gpus is None else f"--num-gpus={int(head_gpus)} ",
         "__PYTHON__": shlex.quote(python),
         "__PORT__": str(int(port)),
         "__TIMEOUT__": str(int(wait_timeout_s)),
