@@ -17,6 +17,13 @@ rank (log-probs are all-reduced, metrics all-gathered, exported tensors broadcas
 weights come back in buckets of ``bucket_bytes`` through Ray object refs, so neither the actors
 nor the controller hold the whole model at once.
 
+Weights bound for rollout servers need not come back at all: the export stream
+(:class:`RayExport`) tells a weight transport that can run on the ranks (``rollout.weight_sync
+= distributed``, sync/distributed.py) to do so. It then builds one sender per rank
+(:meth:`RayAgent.open_weight_sender`) and each push (:meth:`RayAgent.push_weights`) runs on
+every rank: all ranks gather across TP/PP in their export, rank 0 broadcasts the buckets into
+the servers. A server failing a push is raised to the caller without tearing the world down.
+
 A failing rank (a dead actor or an exception) leaves the other ranks inside collectives, so the
 whole world is torn down and the error names the agent and the rank; build a new agent (or load a
 checkpoint) to continue. Checkpoint paths must be on a filesystem every node sees.
@@ -25,7 +32,7 @@ checkpoint) to continue. Checkpoint paths must be on a filesystem every node see
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
 import torch
@@ -43,10 +50,16 @@ from hacrl_megatron.agents.ray_placement import (
     spawn_actors,
     world_size,
 )
-from hacrl_megatron.agents.ray_worker import RankWorker, SharedStateDict, WorkerSetup, remote_worker_class
+from hacrl_megatron.agents.ray_worker import (
+    RankWorker,
+    SharedStateDict,
+    WeightSender,
+    WorkerSetup,
+    remote_worker_class,
+)
 from hacrl_megatron.config import AgentConfig, TrainConfig
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "build_ray_agent"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "RayExport", "build_ray_agent"]
 
 DEFAULT_BUCKET_BYTES = 1 << 30  # ~1 GB of exported weights per object-store round trip
 R = TypeVar("R")
@@ -67,6 +80,21 @@ class PendingCall(Generic[R]):
     def result(self) -> R:
         """Wait; rank 0's result (LocalAgent makes results identical on every rank)."""
         return self.results()[0]
+
+
+class RayExport(Iterator[tuple[str, torch.Tensor]]):
+    """:meth:`RayAgent.export_hf_weights`' stream. Lazy: the ranks start exporting at the first
+    tensor asked for, so a transport that has the ranks push themselves (``ranks``) never costs
+    an export here."""
+
+    def __init__(self, agent: RayAgent) -> None:
+        self.ranks = agent
+        self._stream: Iterator[tuple[str, torch.Tensor]] | None = None
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        if self._stream is None:
+            self._stream = self.ranks._export_stream()
+        return next(self._stream)
 
 
 class RayAgent:
@@ -217,20 +245,20 @@ class RayAgent:
         agent queue behind it."""
         return self._submit(RankWorker.train, list(mini_batches), loss_fn, temperature)
 
-    def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+    def export_hf_weights(self) -> RayExport:
         """HF-named full tensors (gathered across TP/PP), streamed from rank 0 in ``bucket_bytes`` buckets.
 
         The next bucket is produced while the caller consumes the current one, so at most two
         buckets are in flight. Abandoning the iterator early is safe: every rank stops on a
         tensor boundary and the next export starts a fresh stream.
         """
-        self._call(RankWorker.export_begin)
-        return self._export_stream()
+        return RayExport(self)
 
     def _next_bucket(self) -> list[Any]:
         return [w.export_bucket.remote(self.bucket_bytes, r == 0) for r, w in enumerate(self._workers)]
 
     def _export_stream(self) -> Iterator[tuple[str, torch.Tensor]]:
+        self._call(RankWorker.export_begin)
         refs = self._next_bucket()
         while True:
             results = self._gather(refs, "export_hf_weights")
@@ -244,6 +272,36 @@ class RayAgent:
                 return
             refs = self._next_bucket()
             yield from tensors
+
+    # ---- weight push run by the ranks (sync/distributed.py) ------------------------------------
+    def open_weight_sender(self, make_sender: Callable[[int], WeightSender]) -> None:
+        """Build ``make_sender(rank)`` on every rank (cloudpickled once), replacing the previous senders."""
+        self._call(RankWorker.open_weight_sender, make_sender)
+
+    def push_weights(self, engines: Sequence[Any], version: int) -> int:
+        """Every rank exports into its sender, rank 0 sends to ``engines`` (picklable endpoints)
+        as weight version ``version``; returns the number of tensors.
+
+        A sender's error (a server refused or died) is raised here as it was raised on rank 0
+        (e.g. ``SGLangUnreachable``), and the agent stays usable: every rank finished its export.
+        """
+        outcomes = self._call(RankWorker.push_weights, list(engines), version)
+        for rank, outcome in enumerate(outcomes):
+            if outcome.error is not None:
+                outcome.error.add_note(f"[hacrl] agent {self.name!r}: weight push failed on rank {rank}; "
+                                       "the agent's world is intact")
+                raise outcome.error
+        counts = [o.count for o in outcomes]
+        if len(set(counts)) != 1:
+            self._teardown(f"weight push exported {counts} tensors on the ranks")
+            raise RayAgentError(f"agent {self.name!r}: ranks exported {counts} tensors in one weight push; "
+                                "the agent's workers were shut down")
+        return counts[0]
+
+    def close_weight_sender(self) -> None:
+        """Close every rank's sender (rank 0 destroys its group with the servers); nothing once shut down."""
+        if self._dead is None:
+            self._call(RankWorker.close_weight_sender)
 
     def save(self, path: str) -> None:
         """Model + optimizer + scheduler under ``path`` (every rank writes its shard: a shared filesystem)."""

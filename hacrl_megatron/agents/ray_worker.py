@@ -4,7 +4,9 @@ Each :class:`RankWorker` joins the agent's ``torch.distributed`` world and build
 :class:`~hacrl_megatron.agents.local.LocalAgent` in it. Its methods mirror the
 :class:`~hacrl_megatron.agents.handle.AgentHandle` calls one by one (the controller submits them by
 reference, e.g. ``RankWorker.train``, never by a method-name string), plus the start-up steps
-(where am I placed, a free rendezvous port, join the world) and the bucketed weight export.
+(where am I placed, a free rendezvous port, join the world), the bucketed weight export, and the
+weight push that the ranks run themselves (a :class:`WeightSender` per rank, built by the weight
+transport, ``sync/distributed.py``: rank 0 broadcasts straight into the rollout servers).
 
 This module imports neither Ray nor megatron at import time: ``ray.remote`` wraps the class on the
 controller (:func:`remote_worker_class`), and megatron loads when the LocalAgent is built inside the
@@ -17,8 +19,8 @@ import dataclasses
 import os
 import socket
 import warnings
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -77,13 +79,63 @@ class WorkerSetup:
     total_updates: int | None
 
 
+class WeightSender(Protocol):
+    """One rank's side of a weight push run by the agent's ranks (built on each rank by the
+    transport's factory, e.g. ``sync.distributed.RankSenderFactory``; kept between pushes).
+
+    Every rank calls :meth:`push` with its own export stream (a collective: each tensor is a TP
+    gather / PP broadcast); rank 0's sender sends, the others only advance the stream.
+    """
+
+    def push(self, named_tensors: Iterator[tuple[str, torch.Tensor]], engines: Sequence[Any], version: int) -> int:
+        """Send ``named_tensors`` to ``engines`` as weight version ``version``; the number of tensors."""
+
+    def close(self) -> None:
+        """Release what the sender holds (rank 0: the process group with the servers)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PushOutcome:
+    """One rank's part of a weight push.
+
+    count: tensors this rank's export produced.
+    error: the sender's failure (a server refused or died), raised only after this rank's export
+        ran to its end in step with the other ranks: the agent's world is still usable.
+    """
+
+    count: int
+    error: BaseException | None = None
+
+
+class _WatchedStream(Iterator[tuple[str, torch.Tensor]]):
+    """An export stream that counts its tensors and remembers whether the export itself raised."""
+
+    def __init__(self, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
+        self._stream = stream
+        self.count = 0
+        self.failed = False
+
+    def __next__(self) -> tuple[str, torch.Tensor]:
+        try:
+            item = next(self._stream)
+        except StopIteration:
+            raise
+        except BaseException:
+            self.failed = True
+            raise
+        self.count += 1
+        return item
+
+
 class RankWorker:
     """One rank of an agent's world. Decorated with ``ray.remote`` by :func:`remote_worker_class`."""
 
     def __init__(self, agent_name: str) -> None:
         self.agent_name = agent_name
+        self.rank = -1  # this rank in the agent's world, once setup() ran
         self._local: LocalAgent | None = None  # once setup() ran
         self._export: Iterator[tuple[str, torch.Tensor]] | None = None
+        self._sender: WeightSender | None = None
 
     # ---- start-up --------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
@@ -107,6 +159,7 @@ class RankWorker:
         separate argument because Ray resolves object refs only at the top level of a call.
         """
         os.environ.update(cfg.env)  # before torch touches CUDA: CUDA_VISIBLE_DEVICES / LOCAL_RANK apply
+        self.rank = int(cfg.env["RANK"])
         if cfg.threads > 0:
             torch.set_num_threads(cfg.threads)
         if isinstance(hf_checkpoint, SharedStateDict):
@@ -159,6 +212,40 @@ class RankWorker:
             if size >= max_bytes:
                 break
         return names, kept
+
+
+    # ---- weight push run by the ranks ------------------------------------------------------
+    def open_weight_sender(self, make_sender: Callable[[int], WeightSender]) -> None:
+        """Build this rank's sender, ``make_sender(rank)`` (the previous one is closed first)."""
+        self.close_weight_sender()
+        self._sender = make_sender(self.rank)
+
+    def push_weights(self, engines: Sequence[Any], version: int) -> PushOutcome:
+        """Feed a fresh export of this rank into its sender (every rank at once).
+
+        A failure of the export itself (a broken collective) is raised: the world is then broken.
+        A failure of the sender is returned, after the rest of the export ran, so that the other
+        ranks' collectives complete.
+        """
+        if self._sender is None:
+            raise RuntimeError(f"agent {self.agent_name!r}: push_weights before open_weight_sender")
+        stream = _WatchedStream(iter(self._local.export_hf_weights()))
+        try:
+            self._sender.push(stream, engines, version)
+        except Exception as error:  # noqa: BLE001  (returned to the controller, which raises it)
+            if stream.failed:
+                raise
+            for _ in stream:  # the export's remaining collectives, in step with the other ranks
+                pass
+            return PushOutcome(stream.count, error)
+        for _ in stream:  # a sender that stopped early must still leave the world in step
+            pass
+        return PushOutcome(stream.count)
+
+    def close_weight_sender(self) -> None:
+        sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.close()
 
 
 _REMOTE_CLASS: Any = None

@@ -15,6 +15,14 @@ and every TP rank of every engine of the agent (engine k's ranks start at
    request goes out only after every engine answered bucket k, so requests can never overtake
    each other on the server. Only the last bucket flushes the servers' prefix caches.
 
+Where rank 0 runs: a :class:`~hacrl_megatron.agents.local.LocalAgent` world calls
+:func:`push_from_rank` on each of its ranks. A Ray agent's export (:class:`RankExport`) is pushed by
+the agent's own ranks: :meth:`DistributedTransport.push` gives every rank a :class:`RankSender`
+(rank 0's holds a transport), so trainer rank 0's process is group rank 0, the group's master
+address is on rank 0's node, and rank 0 also sends the per-bucket HTTP requests (they carry the
+bucket's names and shapes, which only rank 0 knows, and each blocks on the server while that
+bucket's broadcast runs). The controller only starts the push; no tensor passes through it.
+
 The group is created through ``/init_weights_update_group`` and SGLang's rendezvous
 (``init_method = tcp://master:port``, the store prefixed by the group name, torch's process-group
 helper): :func:`init_weight_group` is the trainer's side of that protocol. A server restart breaks
@@ -30,14 +38,15 @@ import socket
 import threading
 import time
 import urllib.parse
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from hacrl_megatron.sync.base import Endpoint, NamedTensors, buckets, tensor_bytes, with_last
+from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangUnreachable
+from hacrl_megatron.sync.base import Endpoint, NamedTensors, buckets, on_all, tensor_bytes, with_last
 
 LOAD_FORMAT = "flattened_bucket"
 _GROUP_IDS = itertools.count()
@@ -170,6 +179,7 @@ class DistributedTransport:
         if backend not in ("auto", "nccl", "gloo"):
             raise ValueError(f"DistributedTransport: backend={backend!r} must be auto, nccl or gloo")
         self.bucket_bytes = bucket_bytes
+        self.backend_choice = backend  # what a rank-side copy resolves in its own process (its GPU)
         self.backend = ("nccl" if torch.cuda.is_available() else "gloo") if backend == "auto" else backend
         self.group_name = group_name
         self.master_address = master_address
@@ -178,6 +188,7 @@ class DistributedTransport:
         self._group_id = ""
         self._members: list[Endpoint] = []
         self._stale = False  # a member restarted or a broadcast failed: rebuild before the next push
+        self._ranks: RankSource | None = None  # the agent whose ranks hold this transport's senders
         self.buckets_sent = 0
         self.bytes_sent = 0
 
@@ -190,7 +201,7 @@ class DistributedTransport:
         key = [(e.base_url, e.tp_size) for e in engines]
         if self._group is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
             return
-        self.close()
+        self._close_group()
         address = self.master_address or local_address_towards(engines[0].base_url)
         port, world = free_port(), 1 + sum(e.tp_size for e in engines)
         self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
@@ -223,7 +234,12 @@ class DistributedTransport:
         self._group, self._members, self._stale = joined["group"], list(engines), False
 
     def close(self) -> None:
-        """Destroy the group on every member still reachable and here (errors of dead members ignored)."""
+        """Destroy the group on every member still reachable and here (errors of dead members
+        ignored), and the senders on an agent's ranks."""
+        self._close_ranks()
+        self._close_group()
+
+    def _close_group(self) -> None:
         if self._group is None:
             return
         for engine in self._members:
@@ -238,6 +254,18 @@ class DistributedTransport:
         """A restarted server left the group: the next push rebuilds it; until then it waits."""
         self._stale = True
         return False
+
+    def _check_answering(self, engines: Sequence[Endpoint]) -> None:
+        """Raise :class:`SGLangUnreachable` naming the engines that do not answer ``/health``.
+
+        A member that cannot take part would leave the others blocked in the rendezvous or in a
+        bucket's broadcast (a real server's scheduler with them) until the group's timeout; a
+        server dying during the push itself still does that.
+        """
+        down = [e.base_url for e, up in zip(engines, on_all(engines, _answers)) if not up]
+        if down:
+            raise SGLangUnreachable(f"weight group {self.group_name!r}: {', '.join(down)} do(es) not answer "
+                                    "/health; not broadcasting to a group that cannot complete")
 
     # ---- one push --------------------------------------------------------------------------
     def _launch(self, pool: ThreadPoolExecutor, engines: Sequence[Endpoint], flat: torch.Tensor,
@@ -267,8 +295,14 @@ class DistributedTransport:
             raise
 
     def push(self, engines: Sequence[Endpoint], named_tensors: NamedTensors, version: int) -> int:
+        """Broadcast ``named_tensors`` from this process, or, when they are a Ray agent's
+        export stream (:class:`RankExport`), have the agent's ranks do it (:meth:`_push_from_ranks`)."""
         if not engines:
             raise ValueError("DistributedTransport.push: no engines")
+        if isinstance(named_tensors, RankExport):
+            return self._push_from_ranks(named_tensors.ranks, engines, version)
+        self._close_ranks()  # the engines leave the ranks' group before they join this process's
+        self._check_answering(engines)
         self._ensure_group(engines)
         count, inflight = 0, None
         with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="weight-broadcast") as pool:
@@ -286,12 +320,124 @@ class DistributedTransport:
             raise ValueError("DistributedTransport.push: no tensors given")
         return count
 
+    # ---- pushes run by an agent's own ranks -------------------------------------------------
+    def _push_from_ranks(self, ranks: RankSource, engines: Sequence[Endpoint], version: int) -> int:
+        """Every rank of ``ranks`` exports; its rank 0 joins the group and broadcasts (module docstring).
+
+        The senders are opened once and keep their group between pushes; a restarted server or a
+        failed push (``_stale``) opens fresh ones, whose rank 0 rebuilds the group.
+        """
+        self._close_group()  # the engines leave this process's group before they join the ranks'
+        if self._ranks is not ranks or self._stale:
+            self._close_ranks()
+            ranks.open_weight_sender(RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name,
+                                                       self.master_address, self.timeout_s))
+            self._ranks, self._stale = ranks, False
+        try:
+            return ranks.push_weights([_portable(e, self.timeout_s) for e in engines], version)
+        except BaseException:
+            self._stale = True
+            raise
+
+    def _close_ranks(self) -> None:
+        ranks, self._ranks = self._ranks, None
+        if ranks is None:
+            return
+        try:
+            ranks.close_weight_sender()
+        except Exception:  # noqa: BLE001  (an agent already shut down took its group with it)
+            pass
+
+
+def _answers(engine: Endpoint) -> bool:
+    """The server answers ``/health`` (an endpoint without a health check is assumed up)."""
+    health = getattr(engine, "health", None)
+    return True if health is None else bool(health())
+
+
+def _portable(engine: Endpoint, timeout_s: float) -> SGLangEngine:
+    """A client of ``engine``'s server that pickles (no server process, no tokenizer), for the ranks."""
+    return SGLangEngine(engine.base_url, eos_token_id=0, tp_size=engine.tp_size,
+                        timeout=getattr(engine, "timeout", timeout_s), name=getattr(engine, "name", "engine"))
+
 
 def push_from_rank(named_tensors: NamedTensors, transport: DistributedTransport | None,
                    engines: Sequence[Endpoint] = (), version: int = 0) -> int:
     """Run on every rank of an agent with that rank's own export stream (a collective): rank 0
     passes its transport and the engines and broadcasts; the other ranks pass None and only
-    advance the stream in step. Returns the number of tensors."""
+    advance the stream in step. Returns the number of tensors.
+
+    When rank 0's push fails (a server refused or died), rank 0 still runs the rest of its export
+    before re-raising, so that the other ranks' gathers complete and the agent's world stays usable.
+    """
     if transport is None:
         return sum(1 for _ in named_tensors)
-    return transport.push(engines, named_tensors, version)
+    stream = iter(named_tensors)
+    try:
+        return transport.push(engines, stream, version)
+    except Exception:
+        for _ in stream:  # the remaining collectives, in step with the other ranks (a generator
+            pass  # that raised itself is finished: nothing left to run)
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# the rank side of a push run by a Ray agent's ranks
+
+
+@runtime_checkable
+class RankSource(Protocol):
+    """An agent whose ranks can run a push themselves
+    (:class:`~hacrl_megatron.agents.ray_agent.RayAgent`)."""
+
+    def open_weight_sender(self, make_sender: Callable[[int], RankSender]) -> None:
+        """Build ``make_sender(rank)`` on every rank (replacing and closing the previous ones)."""
+
+    def push_weights(self, engines: Sequence[Endpoint], version: int) -> int:
+        """Every rank feeds its export into its sender; the number of tensors. Raises the sender's
+        error (e.g. :class:`~hacrl_megatron.rollout.SGLangUnreachable`) with the agent still usable."""
+
+    def close_weight_sender(self) -> None:
+        """Close the senders (rank 0 destroys the group)."""
+
+
+@runtime_checkable
+class RankExport(Protocol):
+    """An export stream whose agent's ranks push the weights instead of this process
+    (:meth:`RayAgent.export_hf_weights <hacrl_megatron.agents.ray_agent.RayAgent.export_hf_weights>`);
+    each rank then runs a fresh export of its own, and this stream is never read."""
+
+    ranks: RankSource
+
+
+@dataclass
+class RankSender:
+    """One rank's side of a push run by the agent's ranks: rank 0 holds the transport, the others
+    None (:func:`push_from_rank`). Lives on its rank between pushes, so the group persists."""
+
+    transport: DistributedTransport | None
+
+    def push(self, named_tensors: NamedTensors, engines: Sequence[Endpoint], version: int) -> int:
+        return push_from_rank(named_tensors, self.transport, engines, version)
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+
+@dataclass(frozen=True)
+class RankSenderFactory:
+    """Builds each rank's :class:`RankSender` on that rank (pickled to the ranks; ``backend``
+    "auto" is resolved there: nccl where rank 0 has a GPU)."""
+
+    bucket_bytes: int
+    backend: str
+    group_name: str
+    master_address: str | None
+    timeout_s: float
+
+    def __call__(self, rank: int) -> RankSender:
+        if rank != 0:
+            return RankSender(None)
+        return RankSender(DistributedTransport(self.bucket_bytes, backend=self.backend, group_name=self.group_name,
+                                               master_address=self.master_address, timeout_s=self.timeout_s))
