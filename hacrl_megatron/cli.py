@@ -77,7 +77,12 @@ def log_to_console() -> None:
         handler = _StderrHandler()
         handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
         log.addHandler(handler)
-        log.setLevel(logging.INFO)
+    log.setLevel(logging.INFO)
+    # Set every time: whatever ran earlier in this process may have reset our level (pytest's caplog restores
+    # NOTSET) or disabled our loggers (logging.config.dictConfig does by default); a resume note would vanish.
+    for name, logger in logging.root.manager.loggerDict.items():
+        if name.startswith("hacrl_megatron") and isinstance(logger, logging.Logger):
+            logger.disabled = False
 
 
 def _cmd_train(args: argparse.Namespace) -> int:
