@@ -406,13 +406,13 @@ def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
     _rule(value in allowed, path, value, f"must be one of {list(allowed)}")
 
 
-def validate_agent(agent: AgentConfig, path: str) -> None:
-    m, p = agent.model, agent.parallel
-    _one_of(f"{path}.backend", agent.backend, BACKENDS)
-    _one_of(f"{path}.workers", agent.workers, WORKERS)
-    _rule(agent.workers != "ray" or agent.backend == "megatron", f"{path}.workers", agent.workers,
+def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
+    m, p = agent_cfg.model, agent_cfg.parallel
+    _one_of(f"{path}.backend", agent_cfg.backend, BACKENDS)
+    _one_of(f"{path}.workers", agent_cfg.workers, WORKERS)
+    _rule(agent_cfg.workers != "ray" or agent_cfg.backend == "megatron", f"{path}.workers", agent_cfg.workers,
           "Ray worker groups run Megatron agents: set backend: megatron")
-    _rule(agent.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent.backend,
+    _rule(agent_cfg.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent_cfg.backend,
           "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
     _one_of(f"{path}.model.arch", m.arch, ARCHS)
     _one_of(f"{path}.model.dtype", m.dtype, DTYPES)
@@ -429,16 +429,16 @@ def validate_agent(agent: AgentConfig, path: str) -> None:
         _rule(m.num_kv_heads % p.tp == 0, f"{path}.parallel.tp", p.tp,
               f"must divide num_kv_heads={m.num_kv_heads}")
         _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
-    _rule(agent.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent.workers,
+    _rule(agent_cfg.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent_cfg.workers,
           f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
           "(local agents share the controller's single process)")
     _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
     _one_of(f"{path}.parallel.recompute", p.recompute, RECOMPUTE)
-    _rule(agent.lr > 0, f"{path}.lr", agent.lr, "must be > 0")
-    _rule(agent.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent.warmup_sft_lr, "must be > 0")
-    _rule(agent.warmup_sft_batch >= 1, f"{path}.warmup_sft_batch", agent.warmup_sft_batch, "must be >= 1")
-    _rule(agent.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent.warmup_sft_max_steps, "must be >= 1")
-    _rule(agent.name.isidentifier(), f"{path}.name", agent.name,
+    _rule(agent_cfg.lr > 0, f"{path}.lr", agent_cfg.lr, "must be > 0")
+    _rule(agent_cfg.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent_cfg.warmup_sft_lr, "must be > 0")
+    _rule(agent_cfg.warmup_sft_batch >= 1, f"{path}.warmup_sft_batch", agent_cfg.warmup_sft_batch, "must be >= 1")
+    _rule(agent_cfg.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent_cfg.warmup_sft_max_steps, "must be >= 1")
+    _rule(agent_cfg.name.isidentifier(), f"{path}.name", agent_cfg.name,
           "must be an identifier (letters, digits, _), it names metric keys and folders")
 
 
@@ -517,10 +517,10 @@ def validate(cfg: ExperimentConfig) -> None:
     """Check every cross-field rule; raise ConfigError naming field, value and rule."""
     _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
     seen: set[str] = set()
-    for i, agent in enumerate(cfg.agents):
-        _rule(agent.name not in seen, f"agents.{i}.name", agent.name, "duplicate agent name")
-        seen.add(agent.name)
-        validate_agent(agent, f"agents.{i}")
+    for i, agent_cfg in enumerate(cfg.agents):
+        _rule(agent_cfg.name not in seen, f"agents.{i}.name", agent_cfg.name, "duplicate agent name")
+        seen.add(agent_cfg.name)
+        validate_agent(agent_cfg, f"agents.{i}")
     h, r, t = cfg.hacpo, cfg.rollout, cfg.train
     _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
     if h.algorithm in ("hacpo", "naive"):
@@ -560,8 +560,8 @@ def validate(cfg: ExperimentConfig) -> None:
     if r.engine == "sglang":
         validate_sglang_python(r)
     _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
-    for i, agent in enumerate(cfg.agents):
-        ids = agent.rollout_gpu_ids
+    for i, agent_cfg in enumerate(cfg.agents):
+        ids = agent_cfg.rollout_gpu_ids
         _rule(len(ids) % r.sglang_tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
               f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang_tp={r.sglang_tp} (one engine per group)")
         _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
