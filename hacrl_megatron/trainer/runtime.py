@@ -20,7 +20,12 @@ import torch
 
 from hacrl_megatron.agents.handle import AgentHandle
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
+from hacrl_megatron.data.prompts import format_prompt
+from hacrl_megatron.exchange.tokenizers import load_tokenizer
+from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 from hacrl_megatron.rollout.types import TrainingEngine
+from hacrl_megatron.sync import sync_weights
+from hacrl_megatron.sync.engines import start_sglang_pool
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -47,7 +52,6 @@ class AgentRuntime:
     def prompt_ids(self, question: str) -> list[int]:
         """This agent's templated prompt ids for ``question`` (docs/algorithm.md §6: its own template)."""
         if question not in self._prompt_cache:
-            from hacrl_megatron.data.prompts import format_prompt
 
             text = format_prompt(question, self.tokenizer, template=self.cfg.prompt_template)
             self._prompt_cache[question] = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -59,7 +63,6 @@ class AgentRuntime:
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (docs/architecture.md, "Weight sync")."""
-        from hacrl_megatron.sync import sync_weights
 
         return sync_weights(self.agent, self.engine)
 
@@ -94,7 +97,6 @@ def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedMod
 
     source = cfg.init_checkpoint or cfg.model.hf_path
     if source == "smollm2":
-        from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 
         source = str(smollm2_hf_dir())
     if source is not None:
@@ -135,7 +137,6 @@ def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel
                  tokenizer: PreTrainedTokenizerBase) -> TrainingEngine:
     """Start this agent's SGLang servers on its initial weights; the pool that drives them and
     their weight transport (GPU clusters; sync/engines.py)."""
-    from hacrl_megatron.sync.engines import start_sglang_pool
 
     return start_sglang_pool(exp, cfg, model, tokenizer)
 
@@ -143,7 +144,6 @@ def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel
 def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
                   agent_cfg: AgentConfig | None = None) -> AgentRuntime:
     """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
-    from hacrl_megatron.exchange.tokenizers import load_tokenizer
     from hacrl_megatron.rollout.hf_engine import HFEngine
 
     cfg = agent_cfg or exp.agents[index]
