@@ -29,6 +29,7 @@ from hacrl_megatron.plan.search import (
     evaluate,
     partition,
     rollout_choices,
+    shortfall,
 )
 from hacrl_megatron.plan.timing import Assumptions, Tokens
 
@@ -139,7 +140,8 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict,
             engine_gpus = place.engine_gpus[i] if colocation == "separate" else None
             p, near = _best(a, place.trainer_gpus[i], cluster, choice, assumptions, engine_gpus)
             fit_any[i] |= p is not None
-            if near is not None and (closest[i] is None or near.peak.total < closest[i].peak.total):
+            if near is not None and (closest[i] is None
+                                     or shortfall(near, cluster) < shortfall(closest[i], cluster)):
                 closest[i] = near
             plans.append(p)
         if all(plans):
@@ -172,7 +174,7 @@ def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, ass
     cands = [evaluate(a, lay, cluster, None, gpus=gpus) for lay in layouts(a.spec, gpus, cluster)]
     fits = [p for p in cands if p.fits]
     key = lambda p: (p.seconds, p.peak.total)  # noqa: E731
-    return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: p.peak.total) if cands else None)
+    return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: shortfall(p, cluster)) if cands else None)
 
 
 def _step(plans: list[AgentPlan]) -> dict:
@@ -188,7 +190,7 @@ def _no_fit(a: AgentWork, gpus: int, cluster: Cluster, near: AgentPlan | None) -
     if near is None:
         return f"agent {a.name!r}: no layout divides its model on {where} (tp within a node must divide the heads)"
     lay = near.layout
-    why = near.reasons[0].split(": ", 1)[1] if near.reasons else "does not fit"
+    why = "; ".join(r.split(": ", 1)[1] for r in near.reasons) or "does not fit"
     return (f"agent {a.name!r}: no layout fits on {where} (cluster too small); closest tp={lay.tp} pp={lay.pp} "
             f"dp={lay.dp} recompute={lay.recompute}: {why}")
 

@@ -241,6 +241,15 @@ def _rank(p: AgentPlan) -> tuple:
     return (p.seconds, p.peak.total, p.layout.pp, p.layout.tp, order[p.layout.recompute])
 
 
+def shortfall(p: AgentPlan, cluster: Cluster) -> float:
+    """Bytes by which ``p`` misses: the trainer GPU over its memory plus an engine's missing share."""
+    over = max(0.0, p.peak.total - cluster.gpu_memory_gib * GIB)
+    if p.engine is not None:
+        context = p.engine.kv_bytes_per_token * 1.0  # at least one token of KV cache
+        over += max(0.0, context - p.engine.kv_cache)
+    return over + (0.0 if p.engines >= 1 or p.rollout is None else GIB)
+
+
 def best_for_agent(a: AgentWork, gpus: int, cluster: Cluster, rollout: Rollout, assumptions: Assumptions,
                    engine_gpus: int | None = None) -> tuple[AgentPlan | None, AgentPlan | None]:
     """(fastest fitting plan or None, the plan that came closest to fitting): the trainer on ``gpus``
@@ -258,7 +267,7 @@ def best_for_agent(a: AgentWork, gpus: int, cluster: Cluster, rollout: Rollout, 
                          engine_gpus=engine, assumptions=assumptions)
             if p.fits and (best is None or _rank(p) < _rank(best)):
                 best = p
-            if closest is None or p.peak.total < closest.peak.total:
+            if closest is None or shortfall(p, cluster) < shortfall(closest, cluster):
                 closest = p
     return best, closest
 

@@ -101,3 +101,22 @@ def test_shared_node_agents_are_reported_as_such():
     assert plan.head_ray_gpus is None  # one node: Ray keeps every GPU, engines colocate
     assert [a.spans for a in plan.agents] == [((0, 0, 4),), ((0, 4, 4),)]
     assert not plan.agents[0].whole_nodes(8) and plan.agents[0].tp_groups_within_nodes()
+
+
+@pytest.mark.slow
+def test_example_launch_script_plans_then_renders(tmp_path):
+    """examples/multi_node_70b/launch.sh: hacrl plan's overrides go into hacrl launch unchanged."""
+    import subprocess
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    bindir = os.path.dirname(sys.executable)
+    env = {**os.environ, "ACCOUNT": "acct", "JOB_DIR": str(tmp_path / "jobs"),
+           "PATH": bindir + os.pathsep + os.environ["PATH"]}
+    out = subprocess.run(["bash", os.path.join(root, "examples", "multi_node_70b", "launch.sh"), "--dryrun",
+                          "--base-dir", str(tmp_path / "exp"), "--packager", "none", "--container-image", IMAGE],
+                         cwd=root, env=env, capture_output=True, text=True, timeout=1200)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (script,) = glob.glob(str(tmp_path / "exp" / "experiments" / PRESET / "*" / PRESET / "scripts" / "*.sh"))
+    body = open(script).read()
+    assert "agents.0.parallel.tp=4 agents.0.parallel.pp=8" in body and "rollout.weight_sync=distributed" in body
+    assert "agents.0.model.hf_path=/models/Llama-3.1-70B-Instruct" in body and "--num-gpus=0" in body
