@@ -82,6 +82,11 @@ class DatasetTask:
         size = len(self._train)
         return [self._train[self._epoch_order(i // size)[i % size]] for i in range(offset, offset + n)]
 
+    @property
+    def held_out(self) -> int:
+        """How many records ``eval_set`` can return."""
+        return len(self._eval)
+
     def eval_set(self, n: int) -> list[PromptRecord]:
         """The first ``n`` held-out records (n ≤ eval_holdout)."""
         if not 0 <= n <= len(self._eval):

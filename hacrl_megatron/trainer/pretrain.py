@@ -33,7 +33,7 @@ import torch
 from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBatch
 from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
-from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.evaluation import evaluate_agents
@@ -115,7 +115,8 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
     rt = build_runtime(sft_exp, index, agent.warmup_sft_max_steps, agent_cfg=sft_agent)
     task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path)  # apart from RL
-    eval_records = task.eval_set(EVAL_ITEMS)
+    # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
+    eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
     start, accuracy, step = time.time(), 0.0, 0
     while step < agent.warmup_sft_max_steps:
         batch = sft_batch(rt, task, task.sample(agent.warmup_sft_batch, offset=step * agent.warmup_sft_batch))
