@@ -136,9 +136,10 @@ def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, fused: bool) ->
     backward, ``6 B × tokens × V_pad/t``. Fused (ours): fp32 log-sum-exp and log-prob per token
     plus one bounded backward slice (:data:`FUSED_WORKSPACE_BYTES`)."""
     tokens = work.seq_len * work.micro_batch
-    if fused:
-        return 8 * tokens + FUSED_WORKSPACE_BYTES
-    return 6 * tokens * spec.padded_vocab_size(layout.tp) / layout.tp
+    local_logits = tokens * spec.padded_vocab_size(layout.tp) / layout.tp
+    if fused:  # the backward slice is at most the whole local [tokens, V_pad/tp] in bf16
+        return 8 * tokens + min(FUSED_WORKSPACE_BYTES, 2 * local_logits)
+    return 6 * local_logits
 
 
 def model_state_bytes(params: int, dp: int, distributed_optimizer: bool, dtype: str = "bfloat16",
