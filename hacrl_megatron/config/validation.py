@@ -1,0 +1,226 @@
+"""The configuration's rules, checked before any work starts; each failure names field, value and rule."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from hacrl_megatron.config.schema import (
+    ALGORITHMS,
+    ARCHS,
+    BACKENDS,
+    CROSS_CLIP_MODES,
+    CROSS_WINDOWS,
+    DTYPES,
+    ENGINES,
+    EOS_MODES,
+    RECOMPUTE,
+    SGLANG_PYTHON_ENV,
+    WEIGHT_SYNC_MODES,
+    WORKERS,
+    AgentConfig,
+    ConfigError,
+    DataConfig,
+    ExperimentConfig,
+    RolloutConfig,
+)
+
+# --------------------------------------------------------------------------------------------
+# validation
+
+
+def _rule(ok: bool, path: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{path}={value!r}: {rule}")
+
+
+def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
+    _rule(value in allowed, path, value, f"must be one of {list(allowed)}")
+
+
+def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
+    m, p = agent_cfg.model, agent_cfg.parallel
+    _one_of(f"{path}.backend", agent_cfg.backend, BACKENDS)
+    _one_of(f"{path}.workers", agent_cfg.workers, WORKERS)
+    _rule(agent_cfg.workers != "ray" or agent_cfg.backend == "megatron", f"{path}.workers", agent_cfg.workers,
+          "Ray worker groups run Megatron agents: set backend: megatron")
+    _rule(agent_cfg.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent_cfg.backend,
+          "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
+    _one_of(f"{path}.model.arch", m.arch, ARCHS)
+    _one_of(f"{path}.model.dtype", m.dtype, DTYPES)
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"):
+        _rule(getattr(m, name) >= 1, f"{path}.model.{name}", getattr(m, name), "must be >= 1")
+    _rule(m.hidden_size % m.num_heads == 0, f"{path}.model.hidden_size", m.hidden_size,
+          f"must be divisible by num_heads={m.num_heads}")
+    _rule(m.num_heads % m.num_kv_heads == 0, f"{path}.model.num_kv_heads", m.num_kv_heads,
+          f"must divide num_heads={m.num_heads}")
+    for name in ("tp", "pp", "dp"):
+        _rule(getattr(p, name) >= 1, f"{path}.parallel.{name}", getattr(p, name), "must be >= 1")
+    if m.hf_path is None:  # for HF models the provider checks against the real config
+        _rule(m.num_heads % p.tp == 0, f"{path}.parallel.tp", p.tp, f"must divide num_heads={m.num_heads}")
+        _rule(m.num_kv_heads % p.tp == 0, f"{path}.parallel.tp", p.tp,
+              f"must divide num_kv_heads={m.num_kv_heads}")
+        _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
+    _rule(agent_cfg.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent_cfg.workers,
+          f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
+          "(local agents share the controller's single process)")
+    _rule(not p.sequence_parallel or p.tp > 1, f"{path}.parallel.sequence_parallel", True, "needs tp > 1")
+    _one_of(f"{path}.parallel.recompute", p.recompute, RECOMPUTE)
+    _rule(agent_cfg.lr > 0, f"{path}.lr", agent_cfg.lr, "must be > 0")
+    _rule(agent_cfg.warmup_sft_lr > 0, f"{path}.warmup_sft_lr", agent_cfg.warmup_sft_lr, "must be > 0")
+    _rule(agent_cfg.warmup_sft_batch >= 1, f"{path}.warmup_sft_batch", agent_cfg.warmup_sft_batch, "must be >= 1")
+    _rule(agent_cfg.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent_cfg.warmup_sft_max_steps, "must be >= 1")
+    _rule(agent_cfg.name.isidentifier(), f"{path}.name", agent_cfg.name,
+          "must be an identifier (letters, digits, _), it names metric keys and folders")
+
+
+def sglang_python(r: RolloutConfig) -> str:
+    """The interpreter for ``python -m sglang.launch_server``: ``rollout.sglang_python``, else
+    ``$HACRL_SGLANG_PYTHON``, else the running Python."""
+    return r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+
+
+def resolve_weight_sync(r: RolloutConfig) -> str:
+    """``rollout.weight_sync`` with auto resolved: tensor when colocated, else distributed."""
+    if r.weight_sync != "auto":
+        return r.weight_sync
+    return "tensor" if r.colocate else "distributed"
+
+
+def validate_sglang_python(r: RolloutConfig) -> None:
+    """The SGLang interpreter must be an executable file (checked before any server starts)."""
+    if r.sglang_command:  # a custom launcher replaces the whole command line, interpreter included
+        _rule(not r.sglang_python, "rollout.sglang_python", r.sglang_python,
+              "is unused when rollout.sglang_command is set: put the interpreter into that command")
+        return
+    path = sglang_python(r)
+    name = "rollout.sglang_python" if r.sglang_python else f"rollout.sglang_python (from ${SGLANG_PYTHON_ENV})"
+    if r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV):
+        _rule(os.path.isfile(path), name, path, "must be an existing file (the Python of SGLang's environment)")
+        _rule(os.access(path, os.X_OK), name, path, "must be executable")
+
+
+def validate_data_names(data: DataConfig) -> None:
+    """``data.task`` names a procedural task or a dataset; ``data.path`` is only read by datasets.
+
+    Pure (no file access): presets that name cluster paths still load anywhere. Whether the data
+    files exist and parse is :func:`check_data_files`'s job (``hacrl config``, and training start-up).
+    """
+    from hacrl_megatron.data import BENCHMARKS, TASKS
+
+    _rule(data.task in TASKS or data.task in BENCHMARKS, "data.task", data.task,
+          f"must be a procedural task {list(TASKS)} or a dataset {list(BENCHMARKS)}")
+    _rule(data.path is None or data.task in BENCHMARKS, "data.path", data.path,
+          f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural")
+    _rule(data.path is None or data.path.strip() != "", "data.path", data.path, "must not be empty (omit it)")
+    if data.checker is not None:
+        from hacrl_megatron.reward.custom import CheckerError, parse_checker_spec
+
+        try:
+            parse_checker_spec(data.checker)
+        except CheckerError as err:
+            raise ConfigError(str(err)) from None
+
+
+def check_data_files(data: DataConfig) -> list[Path]:
+    """The files ``data`` reads, checked to exist now (no parsing); [] for procedural tasks.
+    ``data.checker``, when set, is imported and checked too.
+
+    Raises ConfigError naming ``data.path`` (or ``$HACRL_DATA_DIR``) and where files were expected.
+    """
+    from hacrl_megatron.data import BENCHMARKS
+    from hacrl_megatron.data.benchmarks import resolve_data_files
+    from hacrl_megatron.reward.custom import CheckerError, load_checker
+
+    if data.checker is not None:  # the user's checker imports and has the right signature
+        try:
+            load_checker(data.checker)
+        except CheckerError as err:
+            raise ConfigError(str(err)) from None
+    if data.task not in BENCHMARKS:
+        return []
+    try:
+        return resolve_data_files(data.task, data.path)
+    except FileNotFoundError as err:
+        raise ConfigError(f"data.path={data.path!r}: {err}") from None
+
+
+def validate(cfg: ExperimentConfig) -> None:
+    """Check every cross-field rule; raise ConfigError naming field, value and rule."""
+    _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
+    seen: set[str] = set()
+    for i, agent_cfg in enumerate(cfg.agents):
+        _rule(agent_cfg.name not in seen, f"agents.{i}.name", agent_cfg.name, "duplicate agent name")
+        seen.add(agent_cfg.name)
+        validate_agent(agent_cfg, f"agents.{i}")
+    h, r, t = cfg.hacpo, cfg.rollout, cfg.train
+    _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
+    if h.algorithm in ("hacpo", "naive"):
+        _rule(len(cfg.agents) >= 2, "hacpo.algorithm", h.algorithm,
+              f"shares rollouts between agents and needs >= 2 agents, got {len(cfg.agents)}")
+    _rule(h.alpha >= 0, "hacpo.alpha", h.alpha, "must be >= 0 (exponential IS exponent)")
+    _rule(0 < h.cross_clip_low <= 1, "hacpo.cross_clip_low", h.cross_clip_low,
+          "1 − δ must lie in (0, 1]: the cross window is [1 − δ, 1]")
+    _rule(h.delta_step >= 0, "hacpo.delta_step", h.delta_step, "must be >= 0")
+    _rule(0 <= h.self_clip_low < 1, "hacpo.self_clip_low", h.self_clip_low, "must lie in [0, 1)")
+    _rule(h.self_clip_high >= 0, "hacpo.self_clip_high", h.self_clip_high, "must be >= 0")
+    _rule(0 <= h.grpo_clip_low < 1, "hacpo.grpo_clip_low", h.grpo_clip_low, "must lie in [0, 1)")
+    _rule(h.grpo_clip_high >= 0, "hacpo.grpo_clip_high", h.grpo_clip_high, "must be >= 0")
+    _rule(0 < h.omega_min <= 1 <= h.omega_max, "hacpo.omega_min", (h.omega_min, h.omega_max),
+          "clip bounds out of order: need 0 < omega_min <= 1 <= omega_max")
+    _rule(h.capability_window >= 1, "hacpo.capability_window", h.capability_window, "must be >= 1")
+    _rule(h.max_reward > 0, "hacpo.max_reward", h.max_reward, "must be > 0")
+    _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
+    _one_of("hacpo.cross_clip_mode", h.cross_clip_mode, CROSS_CLIP_MODES)
+    _one_of("hacpo.cross_window", h.cross_window, CROSS_WINDOWS)
+    _rule(h.adaptive_window_steps >= 1, "hacpo.adaptive_window_steps", h.adaptive_window_steps,
+          "must be >= 1 (steps of the adaptive window's running median)")
+    _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,
+          "the adaptive window moves the cross clip window; it needs hacpo.cross_clip=true")
+    _one_of("rollout.engine", r.engine, ENGINES)
+    _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
+    _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)
+    _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
+    _rule(not r.colocate or r.engine == "sglang", "rollout.colocate", r.colocate,
+          "only SGLang engines are separate servers that can share the trainer's GPUs (rollout.engine: sglang)")
+    _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
+          "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
+    _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
+          "colocated servers share the trainer's GPUs and NCCL cannot put two ranks of one group on one GPU: "
+          "use tensor (or auto)")
+    _rule(r.sglang_tp >= 1, "rollout.sglang_tp", r.sglang_tp, "must be >= 1")
+    if r.engine == "sglang":
+        validate_sglang_python(r)
+    _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
+    for i, agent_cfg in enumerate(cfg.agents):
+        ids = agent_cfg.rollout_gpu_ids
+        _rule(len(ids) % r.sglang_tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
+              f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang_tp={r.sglang_tp} (one engine per group)")
+        _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
+    _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,
+          "G must be >= 2: group baselines need at least two samples")
+    _rule(r.temperature > 0, "rollout.temperature", r.temperature, "must be > 0")
+    _rule(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must lie in (0, 1]")
+    _rule(r.max_prompt_len >= 1, "rollout.max_prompt_len", r.max_prompt_len, "must be >= 1")
+    _rule(r.max_response_len >= 1, "rollout.max_response_len", r.max_response_len, "must be >= 1")
+    _rule(t.steps >= 0, "train.steps", t.steps, "must be >= 0")
+    _rule(t.prompts_per_step >= 1, "train.prompts_per_step", t.prompts_per_step, "must be >= 1")
+    _rule(t.mini_batches >= 1, "train.mini_batches", t.mini_batches, "must be >= 1")
+    _rule(t.prompts_per_step % t.mini_batches == 0, "train.mini_batches", t.mini_batches,
+          f"must divide train.prompts_per_step={t.prompts_per_step} (the step's sequences are shuffled and split into M equal mini-batches)")
+    _rule(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size, "must be >= 1")
+    _rule(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables)")
+    _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
+          "must be one of ['constant', 'cosine']")
+    _rule(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+    _rule(t.cpu_threads >= 0, "train.cpu_threads", t.cpu_threads, "must be >= 0 (0: torch default)")
+    _rule(t.verifier_workers >= 0, "train.verifier_workers", t.verifier_workers, "must be >= 0")
+    _rule(t.verifier_timeout_s > 0, "train.verifier_timeout_s", t.verifier_timeout_s, "must be > 0")
+    _one_of("train.verifier_mode", t.verifier_mode, ("math", "math_verify"))
+    _rule(cfg.data.difficulty >= 1, "data.difficulty", cfg.data.difficulty, "must be >= 1")
+    validate_data_names(cfg.data)
+    _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
+    _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
+    _rule(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, "must be >= 1")
