@@ -20,7 +20,7 @@ def test_every_example_is_listed_has_commands_and_a_test():
             continue
         assert readme_commands(name), f"examples/{name}/README.md has no ```bash commands"
         readme = (EXAMPLES / name / "README.md").read_text()
-        tests = re.findall(r"`(tests/examples/[\w/]+\.py)::(\w+)`", readme)
+        tests = re.findall(r"`(tests/[\w/]+\.py)::(\w+)`", readme)
         assert tests, f"examples/{name}/README.md does not name the test that runs it"
         for path, func in tests:
             assert re.search(rf"^def {func}\(", (ROOT / path).read_text(), re.M), f"{path}::{func} is missing"
