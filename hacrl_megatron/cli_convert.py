@@ -118,7 +118,7 @@ def convert_in_world(opts: dict) -> None:
     """Every rank: build the model at (tp, pp), load the source, write the destination."""
     spec, hf_config, source, megatron_dir = _source(opts)
     init_parallel(opts["tp"], opts["pp"], 1)
-    model = build_gpt_model(spec, opts["tp"], opts["pp"])
+    model = build_gpt_model(spec, opts["tp"], opts["pp"], init_weights=False)  # every weight is loaded next
     if source is not None:
         convert.load_hf_weights(model, spec, source)
     else:

@@ -310,8 +310,9 @@ def _to_hf(spec: ArchSpec, plan: Plan, shards: list[torch.Tensor]) -> list[torch
         return [shards[0].clone()]
     if plan.kind == "col":
         return [torch.cat(shards, dim=1)]
-    if plan.kind == "vocab":
-        return [torch.cat(shards, dim=0)[: spec.vocab_size].clone()]
+    if plan.kind == "vocab":  # one copy: the padded rows are cut from the shards before joining them
+        rows = shards[0].shape[0]
+        return [torch.cat([s[: max(0, min(rows, spec.vocab_size - i * rows))] for i, s in enumerate(shards)])]
     if plan.kind == "fc1":
         halves = [s.chunk(2, dim=0) for s in shards]
         return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
@@ -367,6 +368,7 @@ def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.T
             if tp > 1:
                 dist.all_gather(shards, local.contiguous(), group=mpu.get_tensor_model_parallel_group())
             tensors = [t.to(dtype) for t in _to_hf(spec, plan, shards)]  # no copy when already `dtype`
+            del shards, local  # the gathered copies must not live on while the consumer holds the output
         else:
             tensors = [torch.empty(hf_shape(spec, n), dtype=dtype, device=device) for n in plan.hf_names]
         for hf_name, tensor in zip(plan.hf_names, tensors):
@@ -403,10 +405,11 @@ def save_hf_checkpoint(
         bucket, size = {}, 0
 
     for name, tensor in tensors:
+        nbytes = tensor.numel() * tensor.element_size()
+        if bucket and size + nbytes > max_shard_bytes:  # flush first: a bucket never exceeds the limit
+            flush()  # (or one tensor larger than it); writing it briefly doubles it (safetensors' bytes)
         bucket[name] = tensor
-        size += tensor.numel() * tensor.element_size()
-        if size >= max_shard_bytes:
-            flush()
+        size += nbytes
     if bucket:
         flush()
     if len(files) == 1:

@@ -305,12 +305,17 @@ def build_gpt_model(
     vocab_divisible_by: int = 1,
     te: bool | None = None,
     recompute: str = "none",
+    init_weights: bool = True,
     meta_rank: tuple[int, int] | None = None,
 ) -> Any:
     """The ``GPTModel`` of this rank's pipeline stage (needs :func:`init_parallel` first).
 
     Output: the model returns vocab-parallel logits ``[B, T, V_padded / tp]`` on the last stage and
     hidden states ``[T, B, H]`` on the others (megatron-core convention).
+
+    ``init_weights=False`` skips megatron's random initialisation, for callers that load every
+    parameter next (conversion): on CPU it would first build each weight at full, unsharded size in
+    fp32 (``_initialize_affine_weight_cpu``), the peak of a 70B conversion.
 
     ``meta_rank=(tp_rank, pp_rank)`` builds that rank of a ``tp`` × ``pp`` layout on the ``meta``
     device instead: no world, no :func:`init_parallel`, no parameter memory (shapes only; ~0.05 s
@@ -329,6 +334,7 @@ def build_gpt_model(
             "spec's torch norms do not support it (megatron-core torch_norm.py)"
         )
     config = transformer_config(spec, tp, pp, sequence_parallel and meta_rank is None, recompute)
+    config.perform_initialization = init_weights
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:
         kwargs.update(rope_scaling=True, rope_scaling_factor=spec.rope_scaling_factor)
