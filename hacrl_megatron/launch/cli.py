@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", default="hacrl", help="NeMo-Run experiment and task name")
     p.add_argument("--base-dir", default=None, help="NeMo-Run experiment directory (default ~/.nemo_run)")
     p.add_argument("--detach", action="store_true", help="return once submitted (Slurm/Docker)")
-    p.add_argument("--dryrun", action="store_true", help="write the job files (e.g. sbatch script), submit nothing")
+    p.add_argument("--dryrun", "--dry-run", action="store_true",
+                   help="write the job files (e.g. sbatch script), submit nothing")
     p.add_argument("--tail-logs", action="store_true", help="stream the job's log while waiting")
     p.add_argument("--no-validate", action="store_true",
                    help="skip validating the config here (a preset path that exists only on the cluster)")
