@@ -154,6 +154,12 @@ def test_dockerignore_keeps_sources_and_drops_state():
         assert must in patterns
     for needed in ("setup.py", "pyproject.toml", "README.md", "hacrl_megatron", "tools", "tests"):
         assert not any(Path(needed).match(p) for p in patterns), needed
+    # weights at any depth stay out, except the demo's shipped warm-up models (package data), which a
+    # later negation re-includes (.dockerignore: the last matching line wins)
+    assert "**/*.safetensors" in patterns
+    shipped = "!hacrl_megatron/presets/warmup/*/*.safetensors"
+    assert shipped in patterns and patterns.index(shipped) > patterns.index("**/*.safetensors")
+    assert list((ROOT / "hacrl_megatron" / "presets" / "warmup").glob("*/*.safetensors"))
 
 
 @pytest.fixture
