@@ -23,6 +23,15 @@ from pathlib import Path
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # same variable as hacrl_megatron.config.SGLANG_PYTHON_ENV
 
 
+
+def server_healthy(base_url: str, timeout: float = 5.0) -> bool:
+    """Whether the server at ``base_url`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
 class SGLangServerError(RuntimeError):
     """The server process failed to start or died; the message carries the tail of its log."""
 
@@ -94,11 +103,7 @@ class SGLangServer:
         return self.process is not None and self.process.poll() is None
 
     def healthy(self, timeout: float = 5.0) -> bool:
-        try:
-            with urllib.request.urlopen(self.base_url + "/health", timeout=timeout) as resp:
-                return resp.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return server_healthy(self.base_url, timeout)
 
     def _log_tail(self, chars: int = 3000) -> str:
         try:
