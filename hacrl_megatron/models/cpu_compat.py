@@ -60,6 +60,7 @@ def enable_cpu_compat() -> bool:
     if not _GLOBAL_PATCHED:
         _patch_torch_cuda()
         _patch_megatron_rng()
+        _patch_megatron_recompute()
         _GLOBAL_PATCHED = True
     if not cpu_compat_active():
         mode = _CudaToCpuMode()
@@ -159,6 +160,23 @@ def _patch_megatron_rng() -> None:
 
     mrandom._get_cuda_rng_state = get_state
     mrandom._set_cuda_rng_state = set_state
+
+
+def _patch_megatron_recompute() -> None:
+    """Activation recompute (``parallel.recompute: full``) re-runs the layers inside the autograd
+    engine's backward, where this thread's torch-function mode is not in effect: megatron's default
+    causal mask would then be made on ``device="cuda"``. Run the recompute under the mode too."""
+    try:
+        from megatron.core.tensor_parallel.random import CheckpointFunction
+    except ImportError:  # megatron-core not installed: nothing to patch
+        return
+    original = CheckpointFunction.backward
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        with _CudaToCpuMode():
+            return original(ctx, *grads)
+
+    CheckpointFunction.backward = staticmethod(backward)
 
 
 # --------------------------------------------------------------------------------------------

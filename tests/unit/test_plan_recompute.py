@@ -30,10 +30,9 @@ def _loss_and_grads(recompute: str) -> tuple[torch.Tensor, dict[str, torch.Tenso
             p.copy_(torch.randn_like(p) * 0.05)
     tokens = torch.randint(0, spec.vocab_size, (2, 12), generator=torch.Generator().manual_seed(2))
     pos = torch.arange(12).expand(2, 12)
-    # an explicit causal mask: megatron's default one is made with device="cuda", and the backward
-    # pass (where recompute re-runs attention) runs outside cpu_compat's device mode
-    mask = torch.ones(12, 12, dtype=torch.bool).triu(1)[None, None]
-    logits = model(tokens, pos, attention_mask=mask)
+    # no attention mask, as the agents run it: megatron then makes its default causal mask with
+    # device="cuda", also when full recompute re-runs attention inside the backward pass
+    logits = model(tokens, pos, attention_mask=None)
     loss = logits.float().logsumexp(-1).mean()
     torch.autograd.backward(loss)  # as megatron schedules do (Tensor.backward would leave the CPU device mode)
     return loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
