@@ -45,6 +45,9 @@ def test_rng_tracker_runs_on_the_cpu_generator():
     enable_cpu_compat()
     from megatron.core.tensor_parallel import random as mrandom
 
+    from hacrl_megatron.models.parallel import init_parallel
+
+    init_parallel(1, 1, 1)  # the seed reads the TP rank: alone in a process, no other test made a world
     mrandom.model_parallel_cuda_manual_seed(7)
     tracker = mrandom.get_cuda_rng_tracker()
     torch.manual_seed(0)
