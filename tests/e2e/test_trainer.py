@@ -6,6 +6,7 @@ gives every group non-uniform rewards, hence non-zero advantages and real gradie
 rest of the loop (rollout, exchange, ratios, updates, sync, checkpoints) is the real one.
 """
 
+import copy
 import dataclasses
 import json
 
@@ -56,6 +57,22 @@ def run_with(exp, score_fn=parity_reward, steps=None):
     return run, history
 
 
+def split_run(exp, steps_before=2, steps_after=2):
+    """Train ``steps_before`` steps, save, resume in a fresh setup, train ``steps_after`` more.
+
+    Returns (first run, the resumed run's capability-tracker state right after resuming, the resumed
+    steps' metrics)."""
+    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=steps_before))
+    first, _ = run_with(exp, steps=steps_before)
+    loop._save(first)
+    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    resumed.verifier.close()
+    resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    assert loop._resume(resumed) and resumed.step == steps_before
+    tracker_at_resume = copy.deepcopy(resumed.tracker.state_dict())
+    return first, tracker_at_resume, [loop.train_step(resumed) for _ in range(steps_after)]
+
+
 def exported(rt) -> dict[str, torch.Tensor]:
     return {k: v.clone() for k, v in rt.agent.export_hf_weights()}
 
@@ -97,17 +114,7 @@ def test_every_algorithm_trains_every_agent_and_syncs_engines(tmp_path, algorith
 def test_resumed_run_matches_uninterrupted(tmp_path, backend):
     full_exp = tiny_exp(tmp_path / "full", steps=4, backend=backend)
     _, full = run_with(full_exp)
-    exp = tiny_exp(tmp_path / "split", steps=4, backend=backend)
-    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=2))
-    first = loop.setup(exp)
-    first.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
-    for _ in range(2):
-        loop.train_step(first)
-    loop._save(first)
-    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
-    resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
-    assert loop._resume(resumed) and resumed.step == 2
-    later = [loop.train_step(resumed) for _ in range(2)]
+    _, _, later = split_run(tiny_exp(tmp_path / "split", steps=4, backend=backend))
     for name in ("llama", "qwen3"):
         for a, b in zip(full[2:], later):
             assert a[f"{name}/hacpo/loss"] == pytest.approx(b[f"{name}/hacpo/loss"], rel=1e-6, abs=1e-9)

@@ -7,9 +7,7 @@ import dataclasses
 import pytest
 
 from hacrl_megatron.algo import adaptive_center
-from hacrl_megatron.reward.pool import VerifierPool
-from hacrl_megatron.trainer import loop
-from tests.e2e.test_trainer import parity_reward, run_with, tiny_exp
+from tests.e2e.test_trainer import run_with, split_run, tiny_exp
 
 
 def variant_exp(path, steps=4, **hacpo):
@@ -46,17 +44,8 @@ def test_fixed_window_reports_zero_centre_and_keeps_no_pair_history(tmp_path):
 def test_adaptive_window_resumes_exactly(tmp_path):
     settings = dict(cross_clip_mode="pessimistic", cross_window="adaptive", adaptive_window_steps=3)
     _, full = run_with(variant_exp(tmp_path / "full", **settings))
-    exp = variant_exp(tmp_path / "split", **settings)
-    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=2))
-    first = loop.setup(exp)
-    first.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
-    for _ in range(2):
-        loop.train_step(first)
-    loop._save(first)
-    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
-    resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
-    assert loop._resume(resumed) and resumed.tracker.state_dict() == first.tracker.state_dict()
-    later = [loop.train_step(resumed) for _ in range(2)]
+    first, tracker_at_resume, later = split_run(variant_exp(tmp_path / "split", **settings))
+    assert tracker_at_resume == first.tracker.state_dict()
     for a, b in zip(full[2:], later):
         for key in ("llama/hacpo/cross_center/qwen3", "qwen3/hacpo/cross_center/llama", "llama/hacpo/loss",
                     "qwen3/hacpo/loss"):
