@@ -38,7 +38,20 @@ from hacrl_megatron.models.provider import ArchSpec
 _META = "hacrl_meta"
 _HF_CONFIG = "hf_config"
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-_REQUIRED_FILES = ("metadata.json", "common.pt", ".metadata")  # every torch_dist checkpoint has these
+_REQUIRED_FILES = ("metadata.json",)  # every torch_dist checkpoint has it
+
+
+def _required_files() -> tuple[str, ...]:
+    """The files every checkpoint that the installed megatron-core writes must hold. Up to 0.18 the
+    common state and torch's distributed-checkpoint metadata are files of their own (``common.pt``,
+    ``.metadata``); megatron-core 0.19 keeps the common state inside the ``.distcp`` shards and writes
+    neither (measured with 0.16.1 and 0.19.2)."""
+    import megatron.core
+    from packaging.version import Version
+
+    if Version(megatron.core.__version__) >= Version("0.19"):
+        return _REQUIRED_FILES
+    return _REQUIRED_FILES + ("common.pt", ".metadata")
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
              "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm")
 
@@ -55,7 +68,7 @@ def check_files(path: str) -> None:
     """
     if not os.path.isdir(path):
         raise FileNotFoundError(f"checkpoint {path!r} does not exist")
-    for name in _REQUIRED_FILES:
+    for name in _required_files():
         f = os.path.join(path, name)
         if not os.path.isfile(f):
             raise DamagedCheckpointError(f"{path}: {name} is missing (not a complete Megatron checkpoint)")
