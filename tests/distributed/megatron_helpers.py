@@ -156,3 +156,15 @@ def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) ->
         mp.spawn(_worker, args=(world, init_file, fn, args, out_path), nprocs=world, join=True)
     with open(out_path) as f:
         return json.load(f)
+
+
+def start_local_ray() -> None:
+    """A private 4-CPU Ray cluster for the Ray-agent tests, one intra-op thread per process.
+
+    No idle worker pool: every rank actor gets its own process anyway (runtime_env), and on two
+    cores prestarting idle workers only slows the start."""
+    import ray
+
+    torch.set_num_threads(1)
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})

@@ -31,6 +31,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     make_tiny_hf,
     sample_batch,
     sft_loss,
+    start_local_ray,
     train_config,
 )
 
@@ -42,11 +43,7 @@ CPU = {"use_gpu": False, "env_vars": QUIET}  # gloo ranks even where the Ray clu
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    torch.set_num_threads(1)
-    # no idle worker pool: every rank actor gets its own process anyway (runtime_env), and on two
-    # cores prestarting idle workers only slows the start
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
+    start_local_ray()
     yield
     ray.shutdown()
 

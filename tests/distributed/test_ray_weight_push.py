@@ -36,6 +36,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     make_tiny_hf,
     sample_batch,
     sft_loss,
+    start_local_ray,
     tiny_hf_config,
     train_config,
 )
@@ -48,9 +49,7 @@ BUCKET_BYTES = 6000  # tiny: many buckets of a few tensors each
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_cluster():
-    torch.set_num_threads(1)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
-             _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
+    start_local_ray()
     yield
     ray.shutdown()
 

