@@ -1,8 +1,8 @@
 """Compare HACPO with its baselines (docs/algorithm.md §8, §10) on one preset over several seeds.
 
     python tools/compare.py [--preset cpu_demo] [--methods hacpo gspo_x2 naive] [--seeds 0 1 2 3 4]
-                            [--baseline hacpo] [--set train.steps=40 agents.0.backend=hf ...]
-                            [--out runs/compare] [--jobs 2]
+                            [--baseline hacpo [gspo_x2 ...]] [--last 3] [--report-only]
+                            [--set train.steps=40 agents.0.backend=hf ...] [--out runs/compare] [--jobs 2]
 
 Every (method, seed) run trains with the same ``train.steps`` and ``train.mini_batches``, so each
 agent makes the same number of optimizer updates under every method; only the rollouts differ
@@ -15,7 +15,8 @@ the final step and which has ``done.json`` is skipped on a re-run, an interrupte
 its last checkpoint.
 
 Outputs in ``OUT``: ``compare.md`` (the summary table, one row per seed, and the differences to
-``--baseline`` paired by seed: mean ± std and how many seeds favour each side; see
+each ``--baseline`` paired by seed: mean ± std and how many seeds favour each side, on the final
+evaluation and with ``--last K`` on the mean of the last K; then the per-pair cross statistics; see
 tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (final accuracy bars with
 ±std error bars, and the seed-mean greedy learning curves per agent). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5b (``hacpo+pessimistic``, ``hacpo+adaptive``,
@@ -47,15 +48,20 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     AgentRun,
     AgentSummary,
     MethodSummary,
+    PairStats,
     RunResult,
     _mean_or_none,
+    last_k_mean,
     load_results,
     markdown_table,
     mean_std,
+    pair_stats,
+    pair_table,
     paired_differences,
     paired_table,
     per_seed_table,
     plot_summary,
+    report_tables,
     summarise,
 )
 
@@ -172,19 +178,28 @@ def is_done(spec: RunSpec) -> bool:
     return (spec.out_dir / "done.json").exists() and last_step(spec.out_dir / "metrics.jsonl") == spec.exp.train.steps
 
 
+def check_same_run(spec: RunSpec) -> bool:
+    """Whether the run's folder already records its config; raises if it records a different run."""
+    path = spec.out_dir / "config.json"
+    if not path.exists():
+        return False
+    config = json.loads(json.dumps(spec.exp.to_dict()))
+    try:
+        old = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CompareError(f"{path}: not readable JSON ({exc}); delete that folder to rerun the run") from exc
+    if old != config:
+        diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
+        raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "
+                           "use another --out or delete that folder")
+    return True
+
+
 def claim_dir(spec: RunSpec) -> None:
     """Record the run's config in ``config.json``; refuse a folder that holds a different run."""
     spec.out_dir.mkdir(parents=True, exist_ok=True)
-    path = spec.out_dir / "config.json"
-    config = spec.exp.to_dict()
-    if path.exists():
-        old = json.loads(path.read_text())
-        if old != json.loads(json.dumps(config)):
-            diff = sorted(k for k in set(old) | set(config) if old.get(k) != json.loads(json.dumps(config)).get(k))
-            raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "
-                               "use another --out or delete that folder")
-    else:
-        path.write_text(json.dumps(config, indent=1))
+    if not check_same_run(spec):
+        (spec.out_dir / "config.json").write_text(json.dumps(spec.exp.to_dict(), indent=1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -391,22 +406,47 @@ def run_result(spec: RunSpec) -> RunResult:
 
 
 def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
-                  baseline: str | None = None) -> dict[str, MethodSummary]:
+                  baselines: list[str] | None = None, last: int = 1) -> dict[str, MethodSummary]:
     """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary.
 
     compare.md: the summary table, one row per seed, and (with two or more methods) the paired
-    differences against ``baseline`` (default: the first method)."""
+    differences against each of ``baselines`` (default: the first method), on the final evaluation
+    and, with ``last`` > 1, on the mean of the last ``last`` evaluations; then the per-pair cross
+    statistics of the HACPO runs (clipped share by advantage sign, adaptive centre, median log s)."""
+    from hacrl_megatron.trainer.metrics import read_metrics
+
     agent_names = [a.name for a in specs[0].exp.agents]
     results = [run_result(s) for s in specs]
     summary = summarise(results, methods, agent_names)
-    table = markdown_table(summary, agent_names) + "\n" + per_seed_table(results, methods, agent_names)
+    table = markdown_table(summary, agent_names) + "\n"
     if len(methods) > 1:
-        table += "\n" + paired_table(results, methods, baseline or methods[0], agent_names)
+        table += report_tables(results, methods, baselines or [methods[0]], agent_names, last)
+    else:
+        table += per_seed_table(results, methods, agent_names)
+    # the cross window exists only in HACPO and its variants (Naive clips cross samples with the self clip)
+    stats = [s for m in methods
+             for s in pair_stats(m, [read_metrics(x.out_dir / "metrics.jsonl") for x in specs
+                                     if x.method == m and x.exp.hacpo.algorithm == "hacpo"], agent_names)]
+    pairs = pair_table(stats)
+    if pairs:
+        table += "\n### Cross samples per (learner ← source) pair, mean over steps then seeds\n\n" + pairs
     (out / "compare.md").write_text(table)
     data = {"summary": {m: asdict(entry) for m, entry in summary.items()}, "runs": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(data, indent=1))
     plot_summary(summary, agent_names, out / "compare.png")
     return summary
+
+
+def finished_specs(specs: list[RunSpec]) -> list[RunSpec]:
+    """The planned runs that are done (``done.json`` and metrics to the final step); prints the others."""
+    done = [s for s in specs if is_done(s) and check_same_run(s)]
+    for spec in specs:
+        if spec not in done:
+            print(f"[compare] {spec.name}: not finished in {spec.out_dir}, left out of the report", flush=True)
+    if not done:
+        raise CompareError(f"--report-only: no finished run under {specs[0].out_dir.parent} for these "
+                           "--methods/--seeds/--set")
+    return done
 
 
 # --------------------------------------------------------------------------------------------
@@ -422,8 +462,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         f"HACPO variants {' '.join(VARIANTS)})")
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2, 3, 4],
                    help="train.seed values (default 0 1 2 3 4); each seed's methods share one warm-up")
-    p.add_argument("--baseline", default=None,
-                   help="method the paired differences are taken against (default: the first of --methods)")
+    p.add_argument("--baseline", nargs="+", default=None, dest="baselines", metavar="METHOD",
+                   help="method(s) the paired differences are taken against, one table each "
+                        "(default: the first of --methods)")
+    p.add_argument("--last", type=int, default=1, metavar="K",
+                   help="also report paired differences on the mean of each run's last K greedy evaluations "
+                        "(less evaluation noise than the final one; default 1: final only)")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: rebuild compare.md/json/png from the finished runs under --out "
+                        "(e.g. after running one seed per invocation); unfinished runs are listed and left out")
     p.add_argument("--set", nargs="*", default=[], dest="sets", metavar="key=value",
                    help="dotted overrides for every run, e.g. train.steps=40 agents.0.backend=hf")
     p.add_argument("--out", type=Path, default=Path("runs/compare"), help="output folder (default runs/compare)")
@@ -431,8 +478,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error(f"--jobs {args.jobs}: must be >= 1")
-    if args.baseline is not None and args.baseline not in args.methods:
-        p.error(f"--baseline {args.baseline}: must be one of --methods {args.methods}")
+    for base in args.baselines or []:
+        if base not in args.methods:
+            p.error(f"--baseline {base}: must be one of --methods {args.methods}")
+    if args.last < 1:
+        p.error(f"--last {args.last}: must be >= 1")
     return args
 
 
@@ -441,14 +491,20 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
     args = parse_args(argv)
     out = args.out.resolve()
     specs = plan_runs(args.preset, args.methods, args.seeds, args.sets, out)
-    warm = check_shared_warmup(specs)
-    for seed, dirs in warm.items():
-        shared = ", ".join(str(d) if d else "none (no warm-up)" for d in dirs)
-        print(f"[compare] seed {seed}: every method starts from warm-up {shared}", flush=True)
     start = time.time()
-    execute(plan_tasks(args.preset, specs, warm), args.jobs)
-    summary = write_outputs(specs, out, args.methods, args.baseline)
-    print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
+    if args.report_only:
+        specs = finished_specs(specs)
+        methods = [m for m in args.methods if any(s.method == m for s in specs)]
+    else:
+        warm = check_shared_warmup(specs)
+        for seed, dirs in warm.items():
+            shared = ", ".join(str(d) if d else "none (no warm-up)" for d in dirs)
+            print(f"[compare] seed {seed}: every method starts from warm-up {shared}", flush=True)
+        execute(plan_tasks(args.preset, specs, warm), args.jobs)
+        methods = args.methods
+        print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
+    baselines = [b for b in (args.baselines or [methods[0]]) if b in methods]
+    summary = write_outputs(specs, out, methods, baselines, args.last)
     print((out / "compare.md").read_text())
     print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
     return summary

@@ -3,6 +3,7 @@ warm-up checkpoints across methods, resumability and input errors."""
 
 import importlib
 import json
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -82,8 +83,16 @@ def test_rerun_skips_finished_runs(tiny_compare, capsys):
     assert again == summary
 
 
-def test_a_folder_holding_a_different_run_is_refused(tiny_compare):
-    out, _, _ = tiny_compare
+def _copy_compare(source: Path, out: Path) -> Path:
+    """A copy of a finished comparison whose runs record their new folders (tests that change runs use one)."""
+    shutil.copytree(source, out)
+    for path in out.glob("*-seed*/config.json"):
+        path.write_text(path.read_text().replace(str(source), str(out)))
+    return out
+
+
+def test_a_folder_holding_a_different_run_is_refused(tiny_compare, tmp_path):
+    out = _copy_compare(tiny_compare[0], tmp_path / "copy")
     (out / "hacpo-seed0" / "done.json").unlink()  # unfinished, so it would be (re)run ...
     with pytest.raises(cmp.CompareError, match="hacpo-seed0/config.json: holds a run with a different config"):
         cmp.main(["--seeds", "0", "--out", str(out), "--jobs", "1", "--set", *TINY, "hacpo.alpha=3"])
@@ -192,3 +201,51 @@ def test_hacpo_variants_are_methods_with_their_overrides(tmp_path):
                    "hacpo+adaptive": ("hacpo", "clamp", "adaptive"), "hacpo+both": ("hacpo", "pessimistic", "adaptive")}
     assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1  # one warm-up for all four
     assert specs[1].out_dir == tmp_path / "hacpo+pessimistic-seed3"
+
+
+def test_report_only_rebuilds_from_finished_runs_with_several_baselines_and_last_k(tiny_compare, tmp_path, capsys):
+    source, summary, _ = tiny_compare
+    out = _copy_compare(source, tmp_path / "copy")
+    before = {p.name: p.stat().st_mtime_ns for p in out.glob("*-seed0/metrics.jsonl")}
+    again = cmp.main(["--seeds", "0", "1", "--out", str(out), "--report-only", "--baseline", "hacpo", "naive",
+                      "--last", "2", "--set", *TINY])
+    assert again == summary  # seed 1 never ran: left out, seed 0 unchanged
+    assert {p.name: p.stat().st_mtime_ns for p in out.glob("*-seed0/metrics.jsonl")} == before  # nothing retrained
+    assert "hacpo-seed1: not finished" in capsys.readouterr().out
+    table = (out / "compare.md").read_text()
+    assert "Paired by seed against HACPO (final greedy accuracy)" in table
+    assert "Paired by seed against Naive (mean of the last 2 greedy evaluations)" in table
+    assert sum(line.startswith("| HACPO − Naive | llama |") for line in table.splitlines()) == 2  # final + last-2
+    _, runs = cmp.load_results(out / "compare.json")
+    hacpo = next(r for r in runs if r.method == "hacpo").agents["llama"]
+    last2 = next(r for r in cmp.last_k_mean(runs, 2) if r.method == "hacpo").agents["llama"]
+    assert last2.final == pytest.approx((hacpo.accuracy[-1] + hacpo.accuracy[-2]) / 2)
+    assert "| HACPO | llama ← qwen3 |" in table  # per-pair cross statistics of the HACPO run only
+    assert "| Naive | llama ← qwen3 |" not in table
+    with pytest.raises(cmp.CompareError, match="no finished run"):
+        cmp.main(["--seeds", "7", "--out", str(out), "--report-only", "--set", *TINY])
+    with pytest.raises(SystemExit):
+        cmp.parse_args(["--last", "0"])
+    with pytest.raises(SystemExit):
+        cmp.parse_args(["--methods", "hacpo", "--baseline", "naive"])
+
+
+def test_pair_stats_average_over_steps_then_seeds():
+    seed_a = [{"step": 1, "l/hacpo/cross_clipfrac/q/pos": 0.2, "l/hacpo/cross_clipfrac/q/neg": 0.5,
+               "l/hacpo/cross_center/q": 0.0, "l/hacpo/cross_log_ratio_median/q": -0.2},
+              {"step": 2, "l/hacpo/cross_clipfrac/q/pos": 0.4, "l/hacpo/cross_clipfrac/q/neg": 0.7,
+               "l/hacpo/cross_center/q": -0.1, "l/hacpo/cross_log_ratio_median/q": -0.4}]
+    seed_b = [{"step": 1, "l/hacpo/cross_clipfrac/q/pos": 0.9, "l/hacpo/cross_clipfrac/q/neg": 0.1,
+               "l/hacpo/cross_center/q": -0.3, "l/hacpo/cross_log_ratio_median/q": 0.0}]
+    stats = {(s.learner, s.source): s for s in cmp.pair_stats("hacpo+adaptive", [seed_a, seed_b], ["l", "q"])}
+    s = stats[("l", "q")]
+    assert s.clipfrac_pos == pytest.approx((0.3 + 0.9) / 2)
+    assert s.clipfrac_neg == pytest.approx((0.6 + 0.1) / 2)
+    assert s.center_mean == pytest.approx((-0.05 - 0.3) / 2)
+    assert s.center_last == pytest.approx((-0.1 - 0.3) / 2)
+    assert s.log_ratio_median == pytest.approx((-0.3 + 0.0) / 2)
+    assert stats[("q", "l")].clipfrac_pos is None  # no keys for that direction
+    table = cmp.pair_table(list(stats.values()))
+    assert table.splitlines()[2] == "| HACPO+adapt. | l ← q | 0.60 | 0.35 | -0.17, -0.20 | -0.15 |"
+    assert len(table.splitlines()) == 3
+    assert cmp.pair_table([stats[("q", "l")]]) == ""
