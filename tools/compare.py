@@ -47,6 +47,7 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     METHOD_LABELS,
     AgentRun,
     AgentSummary,
+    CompareError,
     MethodSummary,
     PairStats,
     RunResult,
@@ -55,6 +56,7 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     load_results,
     markdown_table,
     mean_std,
+    merge_included,
     pair_stats,
     pair_table,
     paired_differences,
@@ -75,10 +77,6 @@ VARIANTS = {
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.
 RUN_DEFAULTS = ("log.progress=false", "log.tensorboard=false", "checkpoint.resume=true")
-
-
-class CompareError(ValueError):
-    """A comparison cannot run as asked; the message names the option or file."""
 
 
 @dataclass(frozen=True)
@@ -406,17 +404,19 @@ def run_result(spec: RunSpec) -> RunResult:
 
 
 def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
-                  baselines: list[str] | None = None, last: int = 1) -> dict[str, MethodSummary]:
+                  baselines: list[str] | None = None, last: int = 1,
+                  included: list[RunResult] | None = None) -> dict[str, MethodSummary]:
     """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary.
 
     compare.md: the summary table, one row per seed, and (with two or more methods) the paired
     differences against each of ``baselines`` (default: the first method), on the final evaluation
     and, with ``last`` > 1, on the mean of the last ``last`` evaluations; then the per-pair cross
-    statistics of the HACPO runs (clipped share by advantage sign, adaptive centre, median log s)."""
+    statistics of the HACPO runs (clipped share by advantage sign, adaptive centre, median log s).
+    ``included``: finished runs of earlier comparisons (:func:`merge_included`), reported with these."""
     from hacrl_megatron.trainer.metrics import read_metrics
 
     agent_names = [a.name for a in specs[0].exp.agents]
-    results = [run_result(s) for s in specs]
+    results = [run_result(s) for s in specs] + list(included or [])
     summary = summarise(results, methods, agent_names)
     table = markdown_table(summary, agent_names) + "\n"
     if len(methods) > 1:
@@ -468,6 +468,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--last", type=int, default=1, metavar="K",
                    help="also report paired differences on the mean of each run's last K greedy evaluations "
                         "(less evaluation noise than the final one; default 1: final only)")
+    p.add_argument("--include", nargs="+", type=Path, default=[], metavar="COMPARE_JSON",
+                   help="also report the runs of earlier comparisons (their compare.json) for --methods × "
+                        "--seeds that --out lacks; a run both hold must have identical curves (same warm-up)")
     p.add_argument("--report-only", action="store_true",
                    help="train nothing: rebuild compare.md/json/png from the finished runs under --out "
                         "(e.g. after running one seed per invocation); unfinished runs are listed and left out")
@@ -503,8 +506,13 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
         execute(plan_tasks(args.preset, specs, warm), args.jobs)
         methods = args.methods
         print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
+    included = []
+    if args.include:
+        agent_names = [a.name for a in specs[0].exp.agents]
+        included = merge_included([run_result(s) for s in specs], args.include, args.methods, args.seeds, agent_names)
+        methods = [m for m in args.methods if m in methods or any(r.method == m for r in included)]
     baselines = [b for b in (args.baselines or [methods[0]]) if b in methods]
-    summary = write_outputs(specs, out, methods, baselines, args.last)
+    summary = write_outputs(specs, out, methods, baselines, args.last, included)
     print((out / "compare.md").read_text())
     print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
     return summary

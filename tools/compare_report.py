@@ -19,6 +19,10 @@ METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo
                  "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both"}
 
 
+class CompareError(ValueError):
+    """A comparison cannot run or be reported as asked; the message names the option or file."""
+
+
 def label(method: str) -> str:
     return METHOD_LABELS.get(method, method)
 
@@ -353,3 +357,40 @@ def pair_table(stats: list[PairStats]) -> str:
                      f"{_fmt(s.clipfrac_neg, '.2f')} | {_fmt(s.center_mean, '+.2f')}, {_fmt(s.center_last, '+.2f')} | "
                      f"{_fmt(s.log_ratio_median, '+.2f')} |")
     return "\n".join(lines) + "\n"
+
+
+def merge_included(results: list[RunResult], paths: list[Path], methods: list[str], seeds: list[int],
+                   agent_names: list[str]) -> list[RunResult]:
+    """Runs of earlier comparisons (their ``compare.json``) to report next to ``results``: those of
+    ``methods`` × ``seeds`` that ``results`` lacks. Pairing by seed needs the same warm-up and code
+    path, so a (method, seed) present in both must have the same greedy curves, else CompareError; a
+    seed with no such common run is reported as unverified."""
+    ours = {(r.method, r.seed): r for r in results}
+    added: dict[tuple[str, int], RunResult] = {}
+    verified: set[int] = set()
+    for path in paths:
+        try:
+            runs = load_runs(path)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise CompareError(f"--include {path}: not a compare.json ({type(exc).__name__}: {exc})") from exc
+        for run in runs:
+            if run.method not in methods or run.seed not in seeds:
+                continue
+            if sorted(run.agents) != sorted(agent_names):
+                raise CompareError(f"--include {path}: {run.method} seed {run.seed} has agents {sorted(run.agents)}, "
+                                   f"this comparison {sorted(agent_names)}")
+            mine = ours.get((run.method, run.seed))
+            if mine is None:
+                added.setdefault((run.method, run.seed), run)
+                continue
+            differ = [a for a in agent_names if mine.agents[a].accuracy != run.agents[a].accuracy
+                      or mine.agents[a].steps != run.agents[a].steps]
+            if differ:
+                raise CompareError(f"--include {path}: {run.method} seed {run.seed} differs from the run in --out "
+                                   f"(greedy curve of {differ}): not the same warm-up or code, so its runs "
+                                   "cannot be paired with these")
+            verified.add(run.seed)
+    for method, seed in sorted(added):
+        check = "identical common run" if seed in verified else "UNVERIFIED: no common run to check the pairing"
+        print(f"[compare] {method} seed {seed}: from --include ({check})", flush=True)
+    return [added[key] for key in sorted(added)]

@@ -249,3 +249,29 @@ def test_pair_stats_average_over_steps_then_seeds():
     assert table.splitlines()[2] == "| HACPO+adapt. | l ← q | 0.60 | 0.35 | -0.17, -0.20 | -0.15 |"
     assert len(table.splitlines()) == 3
     assert cmp.pair_table([stats[("q", "l")]]) == ""
+
+
+def test_include_adds_missing_runs_of_an_earlier_comparison_and_refuses_unpairable_ones(tiny_compare, tmp_path,
+                                                                                         capsys):
+    out = _copy_compare(tiny_compare[0], tmp_path / "copy")
+    stored = json.loads((out / "compare.json").read_text())
+    earlier = tmp_path / "earlier.json"  # an earlier comparison that has the naive run, not this one
+    earlier.write_text(json.dumps(stored))
+    shutil.rmtree(out / "naive-seed0")
+    cmp.main(["--seeds", "0", "--out", str(out), "--report-only", "--include", str(earlier), "--set", *TINY])
+    printed = capsys.readouterr().out
+    assert "naive seed 0: from --include (identical common run)" in printed
+    _, runs = cmp.load_results(out / "compare.json")
+    assert {r.method for r in runs} == {"hacpo", "gspo_x2", "naive"}
+    assert next(r for r in runs if r.method == "naive") == cmp.RunResult.from_json(
+        next(r for r in stored["runs"] if r["method"] == "naive"))
+    # a common run whose curve differs: a different warm-up or code path, so nothing can be paired
+    for run in stored["runs"]:
+        if run["method"] == "hacpo":
+            run["agents"]["llama"]["accuracy"][-1] += 0.5
+    earlier.write_text(json.dumps(stored))
+    with pytest.raises(cmp.CompareError, match=r"earlier.json: hacpo seed 0 differs from the run in --out"):
+        cmp.main(["--seeds", "0", "--out", str(out), "--report-only", "--include", str(earlier), "--set", *TINY])
+    earlier.write_text("{not json")
+    with pytest.raises(cmp.CompareError, match=r"--include .*earlier.json: not a compare.json"):
+        cmp.main(["--seeds", "0", "--out", str(out), "--report-only", "--include", str(earlier), "--set", *TINY])
