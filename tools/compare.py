@@ -42,7 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
     sys.path.insert(0, str(REPO))
 
-from hacrl_megatron.config import ALGORITHMS, ExperimentConfig, load_config  # noqa: E402
+from hacrl_megatron.config import ALGORITHMS, ConfigError, ExperimentConfig, load_config  # noqa: E402
+from hacrl_megatron.config.loading import from_dict  # noqa: E402
 from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and notebooks use tools.compare.*)
     METHOD_LABELS,
     AgentRun,
@@ -186,6 +187,11 @@ def check_same_run(spec: RunSpec) -> bool:
         old = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise CompareError(f"{path}: not readable JSON ({exc}); delete that folder to rerun the run") from exc
+    if old != config:
+        # a config written by an earlier version lacks keys added since with their defaults: compare
+        # it as the current schema reads it
+        with contextlib.suppress(ConfigError, TypeError, ValueError):
+            old = json.loads(json.dumps(from_dict(ExperimentConfig, old).to_dict()))
     if old != config:
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
         raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "

@@ -206,6 +206,10 @@ def test_hacpo_variants_are_methods_with_their_overrides(tmp_path):
 def test_report_only_rebuilds_from_finished_runs_with_several_baselines_and_last_k(tiny_compare, tmp_path, capsys):
     source, summary, _ = tiny_compare
     out = _copy_compare(source, tmp_path / "copy")
+    # a run recorded by an earlier version, before data.checker existed, is still the same run
+    old = json.loads((out / "hacpo-seed0" / "config.json").read_text())
+    assert old["data"].pop("checker") is None
+    (out / "hacpo-seed0" / "config.json").write_text(json.dumps(old))
     before = {p.name: p.stat().st_mtime_ns for p in out.glob("*-seed0/metrics.jsonl")}
     again = cmp.main(["--seeds", "0", "1", "--out", str(out), "--report-only", "--baseline", "hacpo", "naive",
                       "--last", "2", "--set", *TINY])
