@@ -525,4 +525,7 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
 
 
 if __name__ == "__main__":  # guarded: the pool's spawned processes import this file as a module
-    main()
+    try:
+        main()
+    except (CompareError, ConfigError) as err:  # bad input: the message names the option or file
+        sys.exit(f"compare.py: error: {err}")

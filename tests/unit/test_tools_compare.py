@@ -279,3 +279,15 @@ def test_include_adds_missing_runs_of_an_earlier_comparison_and_refuses_unpairab
     earlier.write_text("{not json")
     with pytest.raises(cmp.CompareError, match=r"--include .*earlier.json: not a compare.json"):
         cmp.main(["--seeds", "0", "--out", str(out), "--report-only", "--include", str(earlier), "--set", *TINY])
+
+
+def test_command_line_reports_bad_input_in_one_line_without_traceback(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[2] / "tools" / "compare.py"
+    proc = subprocess.run([sys.executable, str(script), "--preset", "no_such_preset", "--report-only",
+                           "--out", str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "compare.py: error: preset 'no_such_preset'" in proc.stderr
+    assert "Traceback" not in proc.stderr
