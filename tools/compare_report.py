@@ -238,9 +238,11 @@ def per_seed_table(results: list[RunResult], methods: list[str], agent_names: li
     return "\n".join(lines) + "\n"
 
 
-def paired_table(results: list[RunResult], methods: list[str], baseline: str, agent_names: list[str]) -> str:
-    """One row per (method ≠ baseline, agent): mean ± std of the paired differences, seeds for/tied/against."""
-    lines = ["| paired difference | agent | Δ final acc. (mean ± std) | seeds +/=/− | n | per seed |",
+def paired_table(results: list[RunResult], methods: list[str], baseline: str, agent_names: list[str],
+                 measure: str = "final acc.") -> str:
+    """One row per (method ≠ baseline, agent): mean ± std of the paired differences, seeds for/tied/against.
+    ``measure`` names what the runs' ``final`` holds (e.g. "last-3 mean acc." for :func:`last_k_mean` runs)."""
+    lines = [f"| paired difference | agent | Δ {measure} (mean ± std) | seeds +/=/− | n | per seed |",
              "|---|---|---|---|---|---|"]
     for method in methods:
         if method == baseline:
@@ -289,17 +291,18 @@ def report_tables(results: list[RunResult], methods: list[str], baselines: list[
                   last: int = 1) -> str:
     """One row per seed, then paired differences against each baseline; with ``last`` > 1 the same
     again on the mean of the last ``last`` evaluations (:func:`last_k_mean`)."""
-    views = [("final greedy accuracy", results)]
+    views = [("final greedy accuracy", results, "final acc.")]
     if last > 1:
-        views.append((f"mean of the last {last} greedy evaluations", last_k_mean(results, last)))
+        views.append((f"mean of the last {last} greedy evaluations", last_k_mean(results, last),
+                      f"last-{last} mean acc."))
     parts = []
-    for title, view in views:
+    for title, view, measure in views:
         parts.append(f"### {title[0].upper()}{title[1:]}, one row per seed\n\n" + per_seed_table(view, methods, agent_names))
         for base in baselines:
             others = [m for m in methods if m != base]
             if others:
                 parts.append(f"Paired by seed against {label(base)} ({title}):\n\n"
-                             + paired_table(view, others + [base], base, agent_names))
+                             + paired_table(view, others + [base], base, agent_names, measure))
     return "\n".join(parts)
 
 
