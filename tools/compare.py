@@ -18,7 +18,8 @@ Outputs in ``OUT``: ``compare.md`` (the summary table, one row per seed, and the
 each ``--baseline`` paired by seed: mean ± std and how many seeds favour each side, on the final
 evaluation and with ``--last K`` on the mean of the last K; then the per-pair cross statistics; see
 tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (final accuracy bars with
-±std error bars, and the seed-mean greedy learning curves per agent). Methods are the algorithms of
+±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
+method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5b (``hacpo+pessimistic``, ``hacpo+adaptive``,
 ``hacpo+both``).
 """
@@ -63,6 +64,7 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     paired_differences,
     paired_table,
     per_seed_table,
+    plot_paired,
     plot_summary,
     report_tables,
     summarise,
@@ -440,6 +442,8 @@ def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
     data = {"summary": {m: asdict(entry) for m, entry in summary.items()}, "runs": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(data, indent=1))
     plot_summary(summary, agent_names, out / "compare.png")
+    if len(methods) > 1:
+        plot_paired(results, methods, baselines or [methods[0]], agent_names, out / "compare_paired.png")
     return summary
 
 

@@ -397,3 +397,36 @@ def merge_included(results: list[RunResult], paths: list[Path], methods: list[st
         check = "identical common run" if seed in verified else "UNVERIFIED: no common run to check the pairing"
         print(f"[compare] {method} seed {seed}: from --include ({check})", flush=True)
     return [added[key] for key in sorted(added)]
+
+
+def plot_paired(results: list[RunResult], methods: list[str], baselines: list[str], agent_names: list[str],
+                path: Path) -> None:
+    """One panel per (baseline, agent): each method's paired differences to the baseline, one dot per
+    seed and the mean ± std as a bar, so the seed-to-seed spread of the methods' own levels (which the
+    summary plot's error bars show) does not hide a consistent difference."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols = len(baselines), len(agent_names)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.6 * rows), squeeze=False)
+    for i, base in enumerate(baselines):
+        others = [m for m in methods if m != base]
+        for j, name in enumerate(agent_names):
+            ax = axes[i][j]
+            for x, method in enumerate(others):
+                d = paired_differences(results, method, base, name)
+                if not d.diffs:
+                    continue
+                mean, std = d.mean_std
+                ax.bar(x, mean, 0.6, yerr=std, capsize=4, alpha=0.5)
+                ax.scatter([x] * len(d.diffs), d.diffs, s=12, color="black", zorder=3)
+            ax.axhline(0.0, color="grey", lw=0.8)
+            ax.set_xticks(range(len(others)), [label(m) for m in others], rotation=30, ha="right", fontsize=8)
+            ax.set_title(f"{name}: method − {label(base)} (per seed)", fontsize=10)
+            ax.set_ylabel("Δ accuracy")
+            ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

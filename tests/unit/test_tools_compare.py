@@ -223,6 +223,7 @@ def test_report_only_rebuilds_from_finished_runs_with_several_baselines_and_last
     assert "Paired by seed against Naive (mean of the last 2 greedy evaluations)" in table
     assert sum(line.startswith("| HACPO − Naive | llama |") for line in table.splitlines()) == 2  # final + last-2
     assert "| Δ last-2 mean acc. (mean ± std) |" in table
+    assert (out / "compare_paired.png").read_bytes().startswith(b"\x89PNG")
     _, runs = cmp.load_results(out / "compare.json")
     hacpo = next(r for r in runs if r.method == "hacpo").agents["llama"]
     last2 = next(r for r in cmp.last_k_mean(runs, 2) if r.method == "hacpo").agents["llama"]
