@@ -44,7 +44,6 @@ if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout witho
     sys.path.insert(0, str(REPO))
 
 from hacrl_megatron.config import ALGORITHMS, ConfigError, ExperimentConfig, load_config  # noqa: E402
-from hacrl_megatron.config.loading import from_dict  # noqa: E402
 from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and notebooks use tools.compare.*)
     METHOD_LABELS,
     AgentRun,
@@ -69,6 +68,7 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     report_tables,
     summarise,
 )
+from tools.compare_runs import check_same_run, claim_dir, finished_runs, is_done, last_step  # noqa: E402,F401
 
 DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
 # HACPO variants of docs/algorithm.md §5a-5b: method name → the overrides on top of hacpo.algorithm=hacpo
@@ -159,53 +159,6 @@ def rollouts_per_agent(exp: ExperimentConfig) -> int:
     from hacrl_megatron.trainer.stages import samples_per_prompt
 
     return exp.train.prompts_per_step * samples_per_prompt(exp) * exp.train.steps
-
-
-# --------------------------------------------------------------------------------------------
-# run state on disk
-
-
-def last_step(metrics_path: Path) -> int | None:
-    from hacrl_megatron.trainer.metrics import read_metrics
-
-    if not metrics_path.exists():
-        return None
-    rows = read_metrics(metrics_path)
-    return int(rows[-1]["step"]) if rows else None
-
-
-def is_done(spec: RunSpec) -> bool:
-    """Finished: ``done.json`` written and ``metrics.jsonl`` reaches the final step."""
-    return (spec.out_dir / "done.json").exists() and last_step(spec.out_dir / "metrics.jsonl") == spec.exp.train.steps
-
-
-def check_same_run(spec: RunSpec) -> bool:
-    """Whether the run's folder already records its config; raises if it records a different run."""
-    path = spec.out_dir / "config.json"
-    if not path.exists():
-        return False
-    config = json.loads(json.dumps(spec.exp.to_dict()))
-    try:
-        old = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CompareError(f"{path}: not readable JSON ({exc}); delete that folder to rerun the run") from exc
-    if old != config:
-        # a config written by an earlier version lacks keys added since with their defaults: compare
-        # it as the current schema reads it
-        with contextlib.suppress(ConfigError, TypeError, ValueError):
-            old = json.loads(json.dumps(from_dict(ExperimentConfig, old).to_dict()))
-    if old != config:
-        diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
-        raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "
-                           "use another --out or delete that folder")
-    return True
-
-
-def claim_dir(spec: RunSpec) -> None:
-    """Record the run's config in ``config.json``; refuse a folder that holds a different run."""
-    spec.out_dir.mkdir(parents=True, exist_ok=True)
-    if not check_same_run(spec):
-        (spec.out_dir / "config.json").write_text(json.dumps(spec.exp.to_dict(), indent=1))
 
 
 # --------------------------------------------------------------------------------------------
@@ -447,18 +400,6 @@ def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
     return summary
 
 
-def finished_specs(specs: list[RunSpec]) -> list[RunSpec]:
-    """The planned runs that are done (``done.json`` and metrics to the final step); prints the others."""
-    done = [s for s in specs if is_done(s) and check_same_run(s)]
-    for spec in specs:
-        if spec not in done:
-            print(f"[compare] {spec.name}: not finished in {spec.out_dir}, left out of the report", flush=True)
-    if not done:
-        raise CompareError(f"--report-only: no finished run under {specs[0].out_dir.parent} for these "
-                           "--methods/--seeds/--set")
-    return done
-
-
 # --------------------------------------------------------------------------------------------
 # command line
 
@@ -506,7 +447,7 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
     specs = plan_runs(args.preset, args.methods, args.seeds, args.sets, out)
     start = time.time()
     if args.report_only:
-        specs = finished_specs(specs)
+        specs = finished_runs(specs)
         methods = [m for m in args.methods if any(s.method == m for s in specs)]
     else:
         warm = check_shared_warmup(specs)
