@@ -364,24 +364,24 @@ def run_result(spec: RunSpec) -> RunResult:
                      agents=agents)
 
 
-def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
-                  baselines: list[str] | None = None, last: int = 1,
-                  included: list[RunResult] | None = None) -> dict[str, MethodSummary]:
-    """Read every run, write compare.md / compare.json / compare.png under ``out``; returns the summary.
+def write_outputs(specs: list[RunSpec], results: list[RunResult], out: Path, methods: list[str],
+                  baselines: list[str] | None = None, last: int = 1) -> dict[str, MethodSummary]:
+    """Write compare.md / compare.json / compare.png for ``results`` under ``out``; returns the summary.
 
-    compare.md: the summary table, one row per seed, and (with two or more methods) the paired
-    differences against each of ``baselines`` (default: the first method), on the final evaluation
-    and, with ``last`` > 1, on the mean of the last ``last`` evaluations; then the per-pair cross
-    statistics of the HACPO runs (clipped share by advantage sign, adaptive centre, median log s).
-    ``included``: finished runs of earlier comparisons (:func:`merge_included`), reported with these."""
+    ``results``: the runs of ``specs`` (:func:`run_result`), plus any finished runs of earlier
+    comparisons (:func:`merge_included`). compare.md: the summary table, one row per seed, and (with
+    two or more methods) the paired differences against each of ``baselines`` (default: the first
+    method), on the final evaluation and, with ``last`` > 1, on the mean of the last ``last``
+    evaluations; then the per-pair cross statistics of the HACPO runs of ``specs`` (clipped share by
+    advantage sign, adaptive centre, median log s)."""
     from hacrl_megatron.trainer.metrics import read_metrics
 
     agent_names = [a.name for a in specs[0].exp.agents]
-    results = [run_result(s) for s in specs] + list(included or [])
+    baselines = baselines or [methods[0]]
     summary = summarise(results, methods, agent_names)
     table = markdown_table(summary, agent_names) + "\n"
     if len(methods) > 1:
-        table += report_tables(results, methods, baselines or [methods[0]], agent_names, last)
+        table += report_tables(results, methods, baselines, agent_names, last)
     else:
         table += per_seed_table(results, methods, agent_names)
     # the cross window exists only in HACPO and its variants (Naive clips cross samples with the self clip)
@@ -396,7 +396,7 @@ def write_outputs(specs: list[RunSpec], out: Path, methods: list[str],
     (out / "compare.json").write_text(json.dumps(data, indent=1))
     plot_summary(summary, agent_names, out / "compare.png")
     if len(methods) > 1:
-        plot_paired(results, methods, baselines or [methods[0]], agent_names, out / "compare_paired.png")
+        plot_paired(results, methods, baselines, agent_names, out / "compare_paired.png")
     return summary
 
 
@@ -457,13 +457,14 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
         execute(plan_tasks(args.preset, specs, warm), args.jobs)
         methods = args.methods
         print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
-    included = []
+    results = [run_result(s) for s in specs]
     if args.include:
         agent_names = [a.name for a in specs[0].exp.agents]
-        included = merge_included([run_result(s) for s in specs], args.include, args.methods, args.seeds, agent_names)
+        included = merge_included(results, args.include, args.methods, args.seeds, agent_names)
+        results += included
         methods = [m for m in args.methods if m in methods or any(r.method == m for r in included)]
     baselines = [b for b in (args.baselines or [methods[0]]) if b in methods]
-    summary = write_outputs(specs, out, methods, baselines, args.last, included)
+    summary = write_outputs(specs, results, out, methods, baselines, args.last)
     print((out / "compare.md").read_text())
     print(f"[compare] wrote {out / 'compare.md'}, {out / 'compare.json'}, {out / 'compare.png'}")
     return summary
