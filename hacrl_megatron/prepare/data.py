@@ -28,6 +28,7 @@ from typing import Any
 
 from hacrl_megatron.data.benchmarks import load_benchmark_rows
 from hacrl_megatron.prepare.hub import HubError, check_hub, mirror_repo, one_line
+from hacrl_megatron.trainer.run_folder import write_durably
 
 logger = logging.getLogger(__name__)
 
@@ -84,11 +85,8 @@ def _load_part(source: str, part: Part) -> list[dict[str, Any]]:
 
 
 def _write_jsonl(path: Path, rows: list[dict[str, Any]]) -> None:
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
-    os.replace(tmp, path)  # atomic: an interrupted prepare never leaves half a split
+    # atomic: an interrupted prepare never leaves half a split
+    write_durably(path, "".join(json.dumps(row, ensure_ascii=False, default=str) + "\n" for row in rows))
 
 
 def prepare_dataset(name: str, out: str | os.PathLike, mirror: str | os.PathLike | None = None) -> dict[str, int]:

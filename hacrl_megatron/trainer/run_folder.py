@@ -90,7 +90,7 @@ def fsync_dir(path: str | os.PathLike) -> None:
 def write_durably(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a synced temporary file and an atomic rename."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
+    with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
         f.flush()
         os.fsync(f.fileno())
