@@ -74,8 +74,7 @@ def _node_address_on_loopback() -> None:
 
 
 def world_size(agent_cfg: AgentConfig) -> int:
-    p = agent_cfg.parallel
-    return p.tp * p.pp * p.dp
+    return agent_cfg.parallel.world_size
 
 
 def describe(agent_cfg: AgentConfig) -> str:

@@ -44,6 +44,11 @@ class ParallelConfig:
     recompute: str = "none"  # activation recompute: none | selective (attention core) | full (each layer);
     # Korthikanti et al. 2022; `hacrl plan` shows the memory of each (docs/planner.md)
 
+    @property
+    def world_size(self) -> int:
+        """Ranks of the agent's own world: tp · pp · dp."""
+        return self.tp * self.pp * self.dp
+
 
 @dataclass
 class ModelConfig:

@@ -71,7 +71,7 @@ def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan
     engines_on_head = cfg.rollout.engine == "sglang" and nodes > 1
     first_node = 1 if engines_on_head else 0
     free = (nodes - first_node) * gpus_per_node
-    need = sum(a.parallel.tp * a.parallel.pp * a.parallel.dp for a in cfg.agents)
+    need = sum(a.parallel.world_size for a in cfg.agents)
     if need > free:
         raise PlacementError(f"the agents' trainers need {need} GPUs, the job has {free} for them ({nodes} node(s) "
                              f"× {gpus_per_node}{', node 0 for engines' if engines_on_head else ''})")
@@ -84,7 +84,7 @@ def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan
             if engines_on_head and engine_owner.setdefault(gpu, a.name) != a.name:
                 raise PlacementError(f"agent {a.name!r}: engine GPU {gpu} of node 0 is agent "
                                      f"{engine_owner[gpu]!r}'s too (engines are not colocated across nodes)")
-        world = a.parallel.tp * a.parallel.pp * a.parallel.dp
+        world = a.parallel.world_size
         spans, left = [], world
         while left:
             node, first = divmod(cursor, gpus_per_node)

@@ -124,7 +124,7 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig,
                        weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
                        lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule, total_updates=total_updates)
     p = cfg.parallel
-    if cfg.workers == "ray" or (cfg.workers == "auto" and p.tp * p.pp * p.dp > 1):
+    if cfg.workers == "ray" or (cfg.workers == "auto" and p.world_size > 1):
         from hacrl_megatron.agents.ray_agent import build_ray_agent
 
         return build_ray_agent(cfg, model, t, total_updates)
