@@ -74,10 +74,11 @@ def _measure(rank: int, preset: str, tp: int, pp: int, out: str) -> None:
 
 
 def _spawned(rank: int, world: int, init_file: str, preset: str, tp: int, pp: int, out: str) -> None:
-    from hacrl_megatron.models.parallel import local_world_env
+    from hacrl_megatron.models.parallel import local_world_env, shutdown_parallel
 
     os.environ.update(local_world_env(rank, world, init_file))
     _measure(rank, preset, tp, pp, out)
+    shutdown_parallel()
 
 
 def run_layout(preset: str, tp: int, pp: int) -> dict:

@@ -30,7 +30,7 @@ from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.hf_io import open_hf_model, resolve_hf_dir
-from hacrl_megatron.models.parallel import init_parallel, local_rendezvous, local_world_env
+from hacrl_megatron.models.parallel import init_parallel, local_rendezvous, local_world_env, shutdown_parallel
 from hacrl_megatron.models.provider import (
     ArchSpec,
     ParallelLayoutError,
@@ -90,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
             mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
     else:
         convert_in_world(vars(args))
+        if world > 1:  # launched by torchrun: close the world before this process exits
+            shutdown_parallel()
     out = args.to_megatron or args.to_hf
     print(f"hacrl convert: wrote {out} in {time.perf_counter() - t0:.1f} s (tp={args.tp}, pp={args.pp})")
     return 0
@@ -99,6 +101,7 @@ def _spawned(rank: int, world: int, init_file: str, opts: dict) -> None:
     os.environ.update(local_world_env(rank, world, init_file))
     torch.set_num_threads(1)
     convert_in_world(opts)
+    shutdown_parallel()  # on success only: after an error the other ranks are killed by mp.spawn
 
 
 def _source(opts: dict) -> tuple[ArchSpec, Any, Any, str | None]:

@@ -221,3 +221,23 @@ def parallel_info() -> ParallelInfo:
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
     )
+
+
+def shutdown_parallel() -> None:
+    """Close this process's world before it exits: a barrier, megatron's groups, then torch's.
+
+    Every rank of a spawned or launched world calls it once its work is done. Without it, a rank
+    that returns first leaves the interpreter while gloo's worker threads still hold tensors, and
+    interpreter teardown can then abort the process (SIGABRT); the barrier also keeps a rank from
+    closing its sockets while another still finishes a collective. A no-op when no world exists.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    dist.barrier()
+    with contextlib.suppress(ImportError):
+        from megatron.core import parallel_state as mpu
+
+        mpu.destroy_model_parallel()
+    dist.destroy_process_group()

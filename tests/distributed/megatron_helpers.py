@@ -134,7 +134,7 @@ def train_config(micro_batch_size: int = 2, **kw: Any) -> Any:
 
 
 def _worker(rank: int, world: int, init_file: str, fn: Callable[..., dict], args: tuple, out_path: str) -> None:
-    from hacrl_megatron.models.parallel import local_world_env
+    from hacrl_megatron.models.parallel import local_world_env, shutdown_parallel
 
     os.environ.update(local_world_env(rank, world, init_file), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
     torch.set_num_threads(1)
@@ -143,6 +143,7 @@ def _worker(rank: int, world: int, init_file: str, fn: Callable[..., dict], args
     if rank == 0:
         with open(out_path, "w") as f:
             json.dump(result, f)
+    shutdown_parallel()
 
 
 def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) -> dict:

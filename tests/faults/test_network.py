@@ -28,11 +28,11 @@ def _listeners_of_world(env: dict[str, str], world: int) -> list[list[str]]:
         warnings.filterwarnings("ignore")
         import psutil, torch
         torch.set_num_threads(1)
-        from hacrl_megatron.models.parallel import init_parallel
+        from hacrl_megatron.models.parallel import init_parallel, shutdown_parallel
         init_parallel(tp=int(os.environ["WORLD_SIZE"]))
         me = psutil.Process()
         print(json.dumps(sorted({c.laddr.ip for c in me.net_connections("inet") if c.status == "LISTEN"})))
-        torch.distributed.barrier()
+        shutdown_parallel()
     """)
     procs = [subprocess.Popen([sys.executable, "-c", script], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for r in range(world)]

@@ -9,7 +9,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
 from hacrl_megatron.config import ModelConfig  # noqa: E402
-from hacrl_megatron.models.parallel import ParallelStateError, init_parallel  # noqa: E402
+from hacrl_megatron.models.parallel import ParallelStateError, init_parallel, shutdown_parallel  # noqa: E402
 from hacrl_megatron.models.provider import (  # noqa: E402
     ParallelLayoutError,
     UnsupportedModelError,
@@ -112,6 +112,17 @@ def test_parallel_state_reuse_and_mismatch():
     assert init_parallel(1, 1, 1) == info  # a second agent in the same process reuses the state
     with pytest.raises(ParallelStateError, match=r"world size 1 != tp\*pp\*dp = 2\*1\*1"):
         init_parallel(2, 1, 1)
+
+
+def test_shutdown_parallel_closes_the_world_and_a_new_one_can_start():
+    import torch.distributed as dist
+    from megatron.core import parallel_state as mpu
+
+    init_parallel(1, 1, 1)
+    shutdown_parallel()
+    assert not dist.is_initialized() and not mpu.model_parallel_is_initialized()
+    shutdown_parallel()  # nothing left to close: a no-op
+    assert init_parallel(1, 1, 1).world_size == 1  # later agents in this process start a fresh world
 
 
 def test_local_spec_parameter_names():
