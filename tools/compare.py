@@ -71,11 +71,12 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
 from tools.compare_runs import check_same_run, claim_dir, finished_runs, is_done, last_step  # noqa: E402,F401
 
 DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
-# HACPO variants of docs/algorithm.md §5a-5b: method name → the overrides on top of hacpo.algorithm=hacpo
+# HACPO variants of docs/algorithm.md §5a-5c: method name → the overrides on top of hacpo.algorithm=hacpo
 VARIANTS = {
     "hacpo+pessimistic": ("hacpo.cross_clip_mode=pessimistic",),
     "hacpo+adaptive": ("hacpo.cross_window=adaptive",),
     "hacpo+both": ("hacpo.cross_clip_mode=pessimistic", "hacpo.cross_window=adaptive"),
+    "hacpo+gspo_clip": ("hacpo.cross_clip_mode=gspo",),
 }
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.

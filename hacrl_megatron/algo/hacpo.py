@@ -7,6 +7,7 @@ Per sequence y of source agent j, seen by learner k:
 * cross (j ≠ k): J = s_c · sg[s_c]^α · ω^(j,k) · A,  s_c = clamp(s, lb_m, 1),
   lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14);
   ``cross_clip_mode=pessimistic``: J = min(s·A, s_c·A) · sg[s_c]^α · ω^(j,k)          (§5a);
+  ``cross_clip_mode=gspo``: the same bound on GSPO's window [1 − ε_low, 1 + ε_high]     (§5c);
   ``cross_window=adaptive``: s is first divided by e^c, c the pair's centre         (§5b).
 
 The loss is −Σ J / (global number of sequences of the mini-batch), so summing micro-batch losses
@@ -49,9 +50,15 @@ def sequence_log_ratio(
 
 
 def cross_window(update_index: int, cfg: HACPOConfig) -> tuple[float, float]:
-    """The cross clip window [lb_m, 1] at mini-batch update m (eq. 14; static when not stepwise)."""
+    """The cross clip window [lb_m, 1] at mini-batch update m (eq. 14; static when not stepwise).
+
+    ``cross_clip_mode=gspo`` (docs/algorithm.md §5c): GSPO's self window [1 − ε_low, 1 + ε_high]
+    at every m (no stepwise tightening).
+    """
     if update_index < 0:
         raise ValueError(f"update_index={update_index}: must be >= 0")
+    if cfg.cross_clip_mode == "gspo":
+        return 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high
     step = update_index * cfg.delta_step if cfg.stepwise else 0.0
     return min(1.0, cfg.cross_clip_low + step), 1.0
 
@@ -104,7 +111,7 @@ def hacpo_sequence_objective(
         update_index: m, optimizer updates already made by this learner in this step.
         cfg: algorithm and ablation switches (docs/algorithm.md §8). ``naive`` applies GSPO's clip to every
             sequence with no coefficient and α = 0; ``gspo``/``gspo_x2`` treat every sequence as self.
-            ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic).
+            ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic, §5c gspo).
         center: [S] log-space centre c of each sequence's pair (§5b), or None (all 0). The cross term
             uses s̃ = s·e^(−c) in place of s; self sequences ignore it.
     """
@@ -124,7 +131,7 @@ def hacpo_sequence_objective(
     else:
         clipped = cross_ratio
     coef = discrepancy.to(ratio.dtype) if cfg.discrepancy_coefficient else torch.ones_like(ratio)
-    if cfg.cross_clip_mode == "pessimistic":  # PPO's bound on the same window; sg[s_c]^α stays in [lb_m, 1]
+    if cfg.cross_clip_mode in ("pessimistic", "gspo"):  # PPO's bound on the mode's window; sg[s_c]^α uses s_c
         cross_term = torch.minimum(cross_ratio * adv, clipped * adv) * clipped.detach().pow(cfg.alpha) * coef
     else:
         cross_term = clipped * clipped.detach().pow(cfg.alpha) * coef * adv
@@ -145,8 +152,8 @@ def _fraction(mask: torch.Tensor, within: torch.Tensor) -> float:
 
 def _cross_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float, mode: str) -> torch.Tensor:
     """[S] bool: cross sequences whose clip leaves no gradient (§5 clamp: outside [low, high];
-    §5a pessimistic: only the side where the bound is the minimum)."""
-    if mode == "pessimistic":
+    §5a pessimistic and §5c gspo: only the side where the bound is the minimum)."""
+    if mode in ("pessimistic", "gspo"):
         return ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
     return (ratio < low) | (ratio > high)
 

@@ -1,4 +1,4 @@
-"""The HACPO cross-term variants through the real loop (docs/algorithm.md §5a-5b) on the tiny agents of
+"""The HACPO cross-term variants through the real loop (docs/algorithm.md §5a-5c) on the tiny agents of
 test_trainer.py: per-pair metrics, the adaptive window's centre from the running median, and exact
 resume of that running state from a checkpoint."""
 
@@ -51,3 +51,16 @@ def test_adaptive_window_resumes_exactly(tmp_path):
                     "qwen3/hacpo/loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
     assert full[2]["llama/hacpo/cross_center/qwen3"] != 0.0  # the tiny agents' ratios sit far from 1
+
+
+def test_gspo_clip_without_hacpo_weights_trains_exactly_like_naive(tmp_path):
+    """§5c with the −Adv, −ω and α = 0 ablations is Naive: the same losses, step after step."""
+    gspo_clip = dict(cross_clip_mode="gspo", alpha=0.0, discrepancy_coefficient=False,
+                     capability_aware_advantage=False)
+    _, variant = run_with(variant_exp(tmp_path / "variant", steps=2, **gspo_clip))
+    _, naive = run_with(variant_exp(tmp_path / "naive", steps=2, algorithm="naive"))
+    _, paper = run_with(variant_exp(tmp_path / "paper", steps=2))
+    for a, b in zip(variant, naive, strict=True):
+        for key in ("llama/hacpo/loss", "qwen3/hacpo/loss"):
+            assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
+    assert variant[1]["llama/hacpo/loss"] != pytest.approx(paper[1]["llama/hacpo/loss"], rel=1e-3)

@@ -1,6 +1,7 @@
-"""Hand-computed values and gradients of the HACPO cross-term variants (docs/algorithm.md §5a-5b).
+"""Hand-computed values and gradients of the HACPO cross-term variants (docs/algorithm.md §5a-5c).
 
 §5a pessimistic: J = min(s·A, s_c·A)·sg[s_c]^α·ω, s_c = clamp(s, lb_m, 1).
+§5c gspo: the same with s_c = clip(s, 1 − ε_low, 1 + ε_high) at every m.
 §5b adaptive: the cross term uses s̃ = s·e^(−c); c = 0 while the pair's running median of log s lies
 in [log(1 − δ), 0], else c = median − ½·log(1 − δ).
 """
@@ -74,6 +75,50 @@ def test_pessimistic_leaves_self_term_and_baselines_alone():
     a = hacpo_sequence_objective(log_r, adv, own, torch.ones(3), 0, HACPOConfig())
     b = hacpo_sequence_objective(log_r, adv, own, torch.ones(3), 0, HACPOConfig(cross_clip_mode="pessimistic"))
     assert a[0] == b[0] == pytest.approx(1.0004 * 2)
+
+
+LB, UB = 1 - 3e-4, 1 + 4e-4  # GSPO's default self window, the cross window of §5c
+
+
+def test_gspo_clip_values():
+    got = objective(HACPOConfig(alpha=1.0, cross_clip_mode="gspo")).tolist()
+    # min(0.9·1.5, LB·1.5)·LB·0.625 ; min(0.7·1.5, LB·1.5)·LB·0.625 ; min(−1.2, −UB)·UB·1.6 ;
+    # min(−0.7, −LB)·LB·1 ; min(1.2, UB)·UB·1
+    want = [1.35 * LB * 0.625, 1.05 * LB * 0.625, -1.2 * UB * 1.6, -LB * LB, UB * UB]
+    assert got == pytest.approx(want, rel=1e-12)
+    late = objective(HACPOConfig(alpha=1.0, cross_clip_mode="gspo"), m=7).tolist()
+    assert late == got  # no stepwise tightening: the window is GSPO's at every update
+
+
+@pytest.mark.parametrize("alpha, m", [(0.0, 0), (1.0, 3), (3.0, 9)])
+def test_gspo_clip_gradient_cases(alpha, m):
+    """dJ/dlog s: ω·LB^α·s·A below the window with A > 0, ω·UB^α·s·A above it with A < 0, 0 otherwise."""
+    cfg = HACPOConfig(alpha=alpha, cross_clip_mode="gspo")
+    got = grad_wrt_log_ratio(cfg, RATIOS, ADV, OMEGA, m)
+    s, a, w = RATIOS.tolist(), ADV.tolist(), OMEGA.tolist()
+    want = [w[0] * LB**alpha * s[0] * a[0], w[1] * LB**alpha * s[1] * a[1], w[2] * UB**alpha * s[2] * a[2], 0.0, 0.0]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=0)
+
+
+def test_gspo_clip_without_coefficients_is_naive():
+    """α = 0 and ω = 1: the cross term is GSPO's objective, exactly what ``naive`` gives every sequence."""
+    log_r = torch.tensor([0.0002, -0.3, 0.2, -0.0001, 0.5, -2.0], dtype=torch.float64)
+    adv = torch.tensor([2.0, 1.0, -1.0, 0.5, -0.5, 1.5], dtype=torch.float64)
+    own = torch.tensor([True, False, False, False, False, False])
+    ones = torch.ones(6, dtype=torch.float64)
+    got = hacpo_sequence_objective(log_r, adv, own, ones, 4, HACPOConfig(alpha=0.0, cross_clip_mode="gspo"))
+    naive = hacpo_sequence_objective(log_r, adv, own, ones, 4, HACPOConfig(algorithm="naive"))
+    assert torch.equal(got, naive)
+
+
+def test_gspo_clip_metrics():
+    cfg = HACPOConfig(cross_clip_mode="gspo")
+    log_r = RATIOS.log()
+    m = hacpo_metrics(log_r, ADV, CROSS, 5, cfg, source_index=torch.ones(5, dtype=torch.int64))
+    assert m["cross_lower_bound"] == pytest.approx(LB)
+    # A > 0: 0.9 and 0.7 keep a gradient, 1.2 is clipped (1/3); A < 0: 1.2 keeps one, 0.7 is clipped (1/2)
+    assert m["cross_clipfrac/1/pos"] == pytest.approx(1 / 3) and m["cross_clipfrac/1/neg"] == 0.5
+    assert m["cross_clipfrac"] == pytest.approx(2 / 5)
 
 
 def test_adaptive_center_rule():
@@ -177,6 +222,7 @@ def test_tracker_keeps_pair_log_ratio_history_in_its_state():
 
 @pytest.mark.parametrize("override, message", [
     ("hacpo.cross_clip_mode=both", "hacpo.cross_clip_mode='both': must be one of"),
+    ("hacpo.cross_clip_mode=GSPO", "hacpo.cross_clip_mode='GSPO': must be one of"),
     ("hacpo.cross_window=moving", "hacpo.cross_window='moving': must be one of"),
     ("hacpo.adaptive_window_steps=0", "hacpo.adaptive_window_steps=0: must be >= 1"),
 ])
@@ -191,3 +237,4 @@ def test_config_adaptive_needs_the_cross_clip():
     cfg = load_config("cpu_demo", ["hacpo.cross_window=adaptive", "hacpo.cross_clip_mode=pessimistic"])
     assert (cfg.hacpo.cross_window, cfg.hacpo.cross_clip_mode) == ("adaptive", "pessimistic")
     assert load_config("cpu_demo", []).hacpo.cross_clip_mode == "clamp"
+    assert load_config("cpu_demo", ["hacpo.cross_clip_mode=gspo"]).hacpo.cross_clip_mode == "gspo"

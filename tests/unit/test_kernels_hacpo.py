@@ -76,6 +76,7 @@ CONFIGS = {
     "pessimistic_a3": HACPOConfig(alpha=3.0, cross_clip_mode="pessimistic", delta_step=0.01),
     "adaptive": HACPOConfig(cross_window="adaptive"),
     "adaptive_pessimistic": HACPOConfig(cross_window="adaptive", cross_clip_mode="pessimistic"),
+    "gspo_clip": HACPOConfig(alpha=1.0, cross_clip_mode="gspo"),
     "gspo": HACPOConfig(algorithm="gspo"),
 }
 
