@@ -20,11 +20,13 @@ cluster network (README, "Security notes").
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ipaddress
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -186,6 +188,7 @@ def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = N
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         _init_process_group(backend)
+        atexit.register(_close_world_at_exit)  # once per world: a no-op when shutdown_parallel ran first
     world = dist.get_world_size()
     if world != tp * pp * dp:
         raise ParallelStateError(
@@ -236,8 +239,28 @@ def shutdown_parallel() -> None:
     if not dist.is_initialized():
         return
     dist.barrier()
+    _destroy_world()
+
+
+def _destroy_world() -> None:
+    import torch.distributed as dist
+
     with contextlib.suppress(ImportError):
         from megatron.core import parallel_state as mpu
 
         mpu.destroy_model_parallel()
     dist.destroy_process_group()
+
+
+def _close_world_at_exit() -> None:
+    """atexit hook of :func:`init_parallel`: a world still open when the interpreter ends (a
+    controller process, a test session) is destroyed while Python is fully alive, not during
+    finalization. No barrier: the other ranks may be gone already."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return
+    try:
+        _destroy_world()
+    except Exception as err:  # the process is ending anyway: say so, never mask the exit status
+        print(f"hacrl_megatron: closing the torch.distributed world at exit failed: {err!r}", file=sys.stderr)

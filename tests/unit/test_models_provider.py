@@ -125,6 +125,23 @@ def test_shutdown_parallel_closes_the_world_and_a_new_one_can_start():
     assert init_parallel(1, 1, 1).world_size == 1  # later agents in this process start a fresh world
 
 
+def test_a_world_left_open_is_closed_at_exit():
+    """init_parallel's atexit hook destroys the world before interpreter teardown: a hook registered
+    earlier (so run later) finds it closed, and the process exits 0."""
+    import subprocess
+    import sys
+
+    script = (
+        "import atexit, torch.distributed as dist\n"
+        "atexit.register(lambda: print('open at exit:', dist.is_initialized()))\n"
+        "from hacrl_megatron.models.parallel import init_parallel\n"
+        "init_parallel(1, 1, 1)\n"
+    )
+    out = subprocess.run([sys.executable, "-W", "ignore", "-c", script], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "open at exit: False" in out.stdout
+
+
 def test_local_spec_parameter_names():
     init_parallel(1, 1, 1)
     model = build_gpt_model(arch_from_hf(tiny_hf_config("qwen3")))
