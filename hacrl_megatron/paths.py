@@ -44,12 +44,30 @@ def smollm2_gguf_path() -> Path:
     return path
 
 
-def atomic_save_dir(target: Path, save: Callable[[Path], object]) -> None:
-    """Run ``save(tmp_dir)`` then rename into ``target`` so readers never see a partial folder."""
+def atomic_save_dir(target: Path, save: Callable[[Path], object], replace: bool = False) -> None:
+    """Run ``save(tmp_dir)`` then rename into ``target`` so readers never see a partial folder.
+
+    ``replace=False`` (caches whose content is a function of the name): an existing ``target`` is
+    kept, since another process wrote the same content. ``replace=True`` (exports, retrained
+    warm-ups): the new folder replaces it; the old one is first renamed aside, so ``target`` is
+    at every moment either the old or the new complete folder, or briefly absent. A failing
+    ``save`` leaves ``target`` untouched and removes its temporary folder.
+    """
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    save(tmp)
+    try:
+        save(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if replace and target.exists():
+        old = target.parent / f".{target.name}.old{os.getpid()}"
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(target, old)
+        os.replace(tmp, target)
+        shutil.rmtree(old, ignore_errors=True)
+        return
     try:
         os.replace(tmp, target)
     except OSError:  # another process won the race; its copy is identical

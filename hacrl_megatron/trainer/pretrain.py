@@ -22,8 +22,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-import os
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -34,6 +32,7 @@ from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBa
 from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
+from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.evaluation import evaluate_agents
@@ -49,17 +48,13 @@ SHIPPED_DIR = Path(__file__).resolve().parents[1] / "presets" / "warmup"
 INFO_FILE = "warmup.json"
 
 
-def cache_root() -> Path:
-    return Path(os.environ.get("HACRL_CACHE", Path.home() / ".cache" / "hacrl_megatron"))
-
-
 def needs_warmup(exp: ExperimentConfig, agent: AgentConfig) -> bool:
     return exp.train.sft_warmup and agent.init_checkpoint is None and agent.model.hf_path is None
 
 
 def warmup_dir(exp: ExperimentConfig, index: int) -> Path:
     """Cache folder of agent ``index``'s warm-up (``<cache>/warmup/<warmup_key>``)."""
-    return cache_root() / "warmup" / warmup_key(exp, index)
+    return default_cache_dir() / "warmup" / warmup_key(exp, index)
 
 
 def shipped_warmup(exp: ExperimentConfig, index: int) -> Path | None:
@@ -130,14 +125,13 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
             if accuracy >= agent.warmup_sft_target:
                 break
     info = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy, "seconds": time.time() - start}
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    rt.engine.model.save_pretrained(tmp)
-    rt.tokenizer.save_pretrained(tmp)
-    (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    os.replace(tmp, out_dir)  # atomic: a crashed warm-up never leaves a half-written cache entry
+
+    def save(tmp: Path) -> None:
+        rt.engine.model.save_pretrained(tmp)
+        rt.tokenizer.save_pretrained(tmp)
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
+
+    atomic_save_dir(out_dir, save, replace=True)  # a crashed warm-up never leaves a half-written cache entry
     return info
 
 

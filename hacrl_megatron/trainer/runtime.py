@@ -161,17 +161,15 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
 
 def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
     """Write the agent as a standalone HF folder (weights, config, tokenizer) for deployment, atomically."""
-    import os
-    import shutil
-
     from hacrl_megatron.models.convert import save_hf_checkpoint
+    from hacrl_megatron.paths import atomic_save_dir
 
     tied = bool(getattr(rt.hf_config, "tie_word_embeddings", False))
     stream = ((name, t) for name, t in rt.agent.export_hf_weights() if not (tied and name == "lm_head.weight"))
-    tmp = out_dir.with_name(out_dir.name + f".tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_hf_checkpoint(stream, rt.hf_config, str(tmp))
-    rt.tokenizer.save_pretrained(tmp)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp, out_dir)
+
+    def save(tmp: Path) -> None:
+        save_hf_checkpoint(stream, rt.hf_config, str(tmp))
+        rt.tokenizer.save_pretrained(tmp)
+
+    atomic_save_dir(out_dir, save, replace=True)
     return out_dir
