@@ -20,8 +20,8 @@ evaluation and with ``--last K`` on the mean of the last K; then the per-pair cr
 tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (final accuracy bars with
 ±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
-docs/algorithm.md §8 and the HACPO variants of §5a-5b (``hacpo+pessimistic``, ``hacpo+adaptive``,
-``hacpo+both``).
+docs/algorithm.md §8 and the HACPO variants of §5a-5c (``hacpo+pessimistic``, ``hacpo+adaptive``,
+``hacpo+both``, ``hacpo+gspo_clip``).
 """
 
 from __future__ import annotations

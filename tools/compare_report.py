@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
-                 "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both"}
+                 "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both",
+                 "hacpo+gspo_clip": "HACPO+GSPO clip"}
 
 
 class CompareError(ValueError):
