@@ -168,6 +168,7 @@ def plot_summary(summary: dict[str, MethodSummary], agent_names: list[str], path
     import matplotlib.pyplot as plt
 
     methods = list(summary)
+    colours = method_colours(methods)  # the same colours as compare_paired.png
     fig, axes = plt.subplots(1, 1 + len(agent_names), figsize=(5 * (1 + len(agent_names)), 4.2))
     width = 0.8 / len(methods)
     ax = axes[0]
@@ -175,7 +176,7 @@ def plot_summary(summary: dict[str, MethodSummary], agent_names: list[str], path
         means = [summary[method].agents[n].final[0] for n in agent_names]
         stds = [summary[method].agents[n].final[1] for n in agent_names]
         xs = [i + (j - (len(methods) - 1) / 2) * width for i in range(len(agent_names))]
-        ax.bar(xs, means, width, yerr=stds, capsize=4, label=label(method))
+        ax.bar(xs, means, width, yerr=stds, capsize=4, label=label(method), color=colours[method])
     ax.set_xticks(range(len(agent_names)), agent_names)
     ax.set_ylabel("final greedy accuracy")
     ax.set_title("final accuracy (mean ± std over seeds)")
@@ -183,7 +184,7 @@ def plot_summary(summary: dict[str, MethodSummary], agent_names: list[str], path
     for ax, name in zip(axes[1:], agent_names):
         for method in methods:
             a = summary[method].agents[name]
-            ax.plot(a.curve_steps, a.curve_mean, marker="o", ms=3, label=label(method))
+            ax.plot(a.curve_steps, a.curve_mean, marker="o", ms=3, label=label(method), color=colours[method])
         ax.set_title(f"{name}: greedy eval accuracy (seed mean)")
         ax.set_xlabel("RL step")
         ax.set_ylabel("accuracy")
@@ -400,6 +401,11 @@ def merge_included(results: list[RunResult], paths: list[Path], methods: list[st
     return [added[key] for key in sorted(added)]
 
 
+def method_colours(methods: list[str]) -> dict[str, str]:
+    """A fixed matplotlib colour per method, in the order given (cycling through the ten tab colours)."""
+    return {m: f"C{i % 10}" for i, m in enumerate(methods)}
+
+
 def plot_paired(results: list[RunResult], methods: list[str], baselines: list[str], agent_names: list[str],
                 path: Path) -> None:
     """One panel per (baseline, agent): each method's paired differences to the baseline, one dot per
@@ -412,6 +418,7 @@ def plot_paired(results: list[RunResult], methods: list[str], baselines: list[st
 
     rows, cols = len(baselines), len(agent_names)
     fig, axes = plt.subplots(rows, cols, figsize=(5.5 * cols, 3.6 * rows), squeeze=False)
+    colours = method_colours(methods)  # one colour per method in every panel
     for i, base in enumerate(baselines):
         others = [m for m in methods if m != base]
         for j, name in enumerate(agent_names):
@@ -421,7 +428,7 @@ def plot_paired(results: list[RunResult], methods: list[str], baselines: list[st
                 if not d.diffs:
                     continue
                 mean, std = d.mean_std
-                ax.bar(x, mean, 0.6, yerr=std, capsize=4, alpha=0.5)
+                ax.bar(x, mean, 0.6, yerr=std, capsize=4, alpha=0.5, color=colours[method])
                 ax.scatter([x] * len(d.diffs), d.diffs, s=12, color="black", zorder=3)
             ax.axhline(0.0, color="grey", lw=0.8)
             ax.set_xticks(range(len(others)), [label(m) for m in others], rotation=30, ha="right", fontsize=8)

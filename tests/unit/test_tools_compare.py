@@ -294,3 +294,18 @@ def test_command_line_reports_bad_input_in_one_line_without_traceback(tmp_path):
     assert proc.returncode == 1
     assert "compare.py: error: preset 'no_such_preset'" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_each_method_keeps_its_colour_in_every_paired_panel(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    from tools.compare_report import plot_paired
+
+    _, runs = cmp.load_results(BENCHMARKS / "COMPARE_cpu_demo.json")
+    drawn: list[str] = []
+    bar = matplotlib.axes.Axes.bar
+    monkeypatch.setattr(matplotlib.axes.Axes, "bar", lambda self, *a, **kw: drawn.append(kw["color"]) or bar(self, *a, **kw))
+    plot_paired(runs, ["hacpo", "gspo_x2", "naive"], ["hacpo", "naive"], ["llama", "qwen3"], tmp_path / "p.png")
+    # panels (baseline hacpo: gspo_x2, naive) × 2 agents, then (baseline naive: hacpo, gspo_x2) × 2 agents
+    assert drawn == ["C1", "C2"] * 2 + ["C0", "C1"] * 2
+    assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
