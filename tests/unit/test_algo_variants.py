@@ -92,11 +92,16 @@ def test_gspo_clip_values():
 
 @pytest.mark.parametrize("alpha, m", [(0.0, 0), (1.0, 3), (3.0, 9)])
 def test_gspo_clip_gradient_cases(alpha, m):
-    """dJ/dlog s: ω·LB^α·s·A below the window with A > 0, ω·UB^α·s·A above it with A < 0, 0 otherwise."""
+    """dJ/dlog s: ω·LB^α·s·A below the window with A > 0, ω·UB^α·s·A above it with A < 0, ω·s^(α+1)·A
+    inside it, 0 on the bound's side."""
     cfg = HACPOConfig(alpha=alpha, cross_clip_mode="gspo")
-    got = grad_wrt_log_ratio(cfg, RATIOS, ADV, OMEGA, m)
-    s, a, w = RATIOS.tolist(), ADV.tolist(), OMEGA.tolist()
-    want = [w[0] * LB**alpha * s[0] * a[0], w[1] * LB**alpha * s[1] * a[1], w[2] * UB**alpha * s[2] * a[2], 0.0, 0.0]
+    ratios = torch.cat([RATIOS, torch.tensor([1.0001, 0.9999], dtype=torch.float64)])  # two inside the window
+    adv = torch.cat([ADV, torch.tensor([2.0, -1.0], dtype=torch.float64)])
+    omega = torch.cat([OMEGA, torch.tensor([0.5, 3.0], dtype=torch.float64)])
+    got = grad_wrt_log_ratio(cfg, ratios, adv, omega, m)
+    s, a, w = ratios.tolist(), adv.tolist(), omega.tolist()
+    want = [w[0] * LB**alpha * s[0] * a[0], w[1] * LB**alpha * s[1] * a[1], w[2] * UB**alpha * s[2] * a[2], 0.0, 0.0,
+            w[5] * s[5] ** (alpha + 1) * a[5], w[6] * s[6] ** (alpha + 1) * a[6]]
     torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=0)
 
 
