@@ -239,6 +239,8 @@ def test_config_rejects_bad_variant_settings(override, message):
 def test_config_adaptive_needs_the_cross_clip():
     with pytest.raises(ConfigError, match="needs hacpo.cross_clip=true"):
         load_config("cpu_demo", ["hacpo.cross_window=adaptive", "hacpo.cross_clip=false"])
+    with pytest.raises(ConfigError, match=r"hacpo.cross_window='adaptive': .*cross_clip_mode=gspo"):
+        load_config("cpu_demo", ["hacpo.cross_window=adaptive", "hacpo.cross_clip_mode=gspo"])
     cfg = load_config("cpu_demo", ["hacpo.cross_window=adaptive", "hacpo.cross_clip_mode=pessimistic"])
     assert (cfg.hacpo.cross_window, cfg.hacpo.cross_clip_mode) == ("adaptive", "pessimistic")
     assert load_config("cpu_demo", []).hacpo.cross_clip_mode == "clamp"
