@@ -137,7 +137,8 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
 @pytest.mark.parametrize("name", ["COMPARE_cpu_demo.json", "COMPARE_cpu_demo_hf.json", "COMPARE_variants_a.json",
                                   "COMPARE_variants_b.json", "COMPARE_variants_c.json",
                                   "COMPARE_variants_b_ablations.json", "COMPARE_variants_gspo_clip_a.json",
-                                  "COMPARE_variants_gspo_clip_b.json", "COMPARE_variants_gspo_clip_c.json",
+                                  "COMPARE_variants_gspo_clip_b.json", "COMPARE_variants_gspo_clip_c.json", "COMPARE_variants_gspo_clip_confirm_a.json",
+                                  "COMPARE_variants_gspo_clip_confirm_b.json",
                                   "COMPARE_variants_gspo_clip_a_ablations.json",
                                   "COMPARE_variants_gspo_clip_b_ablations.json"])
 def test_stored_results_load_into_records_and_write_back_unchanged(name):
