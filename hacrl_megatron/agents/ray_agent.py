@@ -48,7 +48,6 @@ from hacrl_megatron.agents.ray_placement import (
     require_ray,
     reserve,
     spawn_actors,
-    world_size,
 )
 from hacrl_megatron.agents.ray_worker import (
     RankWorker,
@@ -126,7 +125,7 @@ class RayAgent:
         self.name = agent_cfg.name
         p = agent_cfg.parallel
         self.layout = (p.tp, p.pp, p.dp)
-        self.world_size = world_size(agent_cfg)
+        self.world_size = agent_cfg.parallel.world_size
         self.call_timeout_s = call_timeout_s
         self.bucket_bytes = int(bucket_bytes)
         self._dead: str | None = None

@@ -73,14 +73,10 @@ def _node_address_on_loopback() -> None:
     ray_constants.ENABLE_RAY_CLUSTER = False
 
 
-def world_size(agent_cfg: AgentConfig) -> int:
-    return agent_cfg.parallel.world_size
-
-
 def describe(agent_cfg: AgentConfig) -> str:
     """``agent 'a' (tp=2, pp=1, dp=1: 2 ranks)``, for error messages."""
     p = agent_cfg.parallel
-    return f"agent {agent_cfg.name!r} (tp={p.tp}, pp={p.pp}, dp={p.dp}: {world_size(agent_cfg)} ranks)"
+    return f"agent {agent_cfg.name!r} (tp={p.tp}, pp={p.pp}, dp={p.dp}: {p.world_size} ranks)"
 
 
 def rank_bundle(use_gpu: bool, cpus_per_rank: int) -> dict[str, float]:
@@ -90,7 +86,7 @@ def rank_bundle(use_gpu: bool, cpus_per_rank: int) -> dict[str, float]:
 
 def check_cluster(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float]) -> str:
     """Raise when the whole cluster is too small; return the placement strategy to use."""
-    world = world_size(agent_cfg)
+    world = agent_cfg.parallel.world_size
     total = ray.cluster_resources()
     have = {k: float(total.get(k, 0.0)) for k in bundle}
     need = {k: v * world for k, v in bundle.items()}
@@ -110,7 +106,7 @@ def reserve(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_
     from ray.util.placement_group import placement_group
 
     strategy = check_cluster(ray, agent_cfg, bundle)
-    world = world_size(agent_cfg)
+    world = agent_cfg.parallel.world_size
     pg = placement_group([dict(bundle)] * world, strategy=strategy,
                          name=f"hacrl-{agent_cfg.name}-{uuid.uuid4().hex[:8]}")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
