@@ -20,8 +20,8 @@ evaluation and with ``--last K`` on the mean of the last K; then the per-pair cr
 tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (final accuracy bars with
 ±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
-docs/algorithm.md §8 and the HACPO variants of §5a-5c (``hacpo+pessimistic``, ``hacpo+adaptive``,
-``hacpo+both``, ``hacpo+gspo_clip``).
+docs/algorithm.md §8 and the HACPO variants of §5a-5d (``hacpo+pessimistic``, ``hacpo+adaptive``,
+``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``).
 """
 
 from __future__ import annotations
@@ -71,12 +71,13 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
 from tools.compare_runs import check_same_run, claim_dir, finished_runs, is_done, last_step  # noqa: E402,F401
 
 DEFAULT_METHODS = ("hacpo", "gspo_x2", "naive")
-# HACPO variants of docs/algorithm.md §5a-5c: method name → the overrides on top of hacpo.algorithm=hacpo
+# HACPO variants of docs/algorithm.md §5a-5d: method name → the overrides on top of hacpo.algorithm=hacpo
 VARIANTS = {
     "hacpo+pessimistic": ("hacpo.cross_clip_mode=pessimistic",),
     "hacpo+adaptive": ("hacpo.cross_window=adaptive",),
     "hacpo+both": ("hacpo.cross_clip_mode=pessimistic", "hacpo.cross_window=adaptive"),
     "hacpo+gspo_clip": ("hacpo.cross_clip_mode=gspo",),
+    "hacpo+decoupled": ("hacpo.cross_clip_mode=decoupled",),
 }
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.

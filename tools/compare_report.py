@@ -17,7 +17,7 @@ from typing import Any
 
 METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
                  "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both",
-                 "hacpo+gspo_clip": "HACPO+GSPO clip"}
+                 "hacpo+gspo_clip": "HACPO+GSPO clip", "hacpo+decoupled": "HACPO+decoupled"}
 
 
 class CompareError(ValueError):

@@ -8,6 +8,8 @@ Per sequence y of source agent j, seen by learner k:
   lb_m = min(1, (1 − δ) + m·δ_step)                                               (eq. 12-14);
   ``cross_clip_mode=pessimistic``: J = min(s·A, s_c·A) · sg[s_c]^α · ω^(j,k)          (§5a);
   ``cross_clip_mode=gspo``: the same bound on GSPO's window [1 − ε_low, 1 + ε_high]     (§5c);
+  ``cross_clip_mode=decoupled``: J = min(r·A, clip(r, 1 − ε_low, 1 + ε_high)·A) · w^(1+α) · ω^(j,k),
+  r = π^(k)_θ/π^(k)_old (the learner's own old policy), w = min(1, s at π^(k)_old), a constant (§5d);
   ``cross_window=adaptive``: s is first divided by e^c, c the pair's centre         (§5b).
 
 The loss is −Σ J / (global number of sequences of the mini-batch), so summing micro-batch losses
@@ -24,6 +26,8 @@ from hacrl_megatron.algo.inputs import LossInputs
 from hacrl_megatron.config import HACPOConfig
 
 SEQUENCE_ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "naive")
+GSPO_WINDOW_MODES = ("gspo", "decoupled")  # cross modes on GSPO's self window (docs/algorithm.md §5c-5d)
+BOUNDED_MODES = ("pessimistic", "gspo", "decoupled")  # cross modes with PPO's min() bound
 
 
 def sequence_log_ratio(
@@ -52,12 +56,12 @@ def sequence_log_ratio(
 def cross_window(update_index: int, cfg: HACPOConfig) -> tuple[float, float]:
     """The cross clip window [lb_m, 1] at mini-batch update m (eq. 14; static when not stepwise).
 
-    ``cross_clip_mode=gspo`` (docs/algorithm.md §5c): GSPO's self window [1 − ε_low, 1 + ε_high]
-    at every m (no stepwise tightening).
+    ``cross_clip_mode=gspo`` and ``decoupled`` (docs/algorithm.md §5c-5d): GSPO's self window
+    [1 − ε_low, 1 + ε_high] at every m (no stepwise tightening); ``decoupled`` applies it to r, not s.
     """
     if update_index < 0:
         raise ValueError(f"update_index={update_index}: must be >= 0")
-    if cfg.cross_clip_mode == "gspo":
+    if cfg.cross_clip_mode in GSPO_WINDOW_MODES:
         return 1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high
     step = update_index * cfg.delta_step if cfg.stepwise else 0.0
     return min(1.0, cfg.cross_clip_low + step), 1.0
@@ -100,6 +104,7 @@ def hacpo_sequence_objective(
     update_index: int,
     cfg: HACPOConfig,
     center: torch.Tensor | None = None,
+    old_log_ratio: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Per-sequence objective J [S] of docs/algorithm.md §4-5, differentiable through ``log_ratio``.
 
@@ -114,6 +119,10 @@ def hacpo_sequence_objective(
             ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic, §5c gspo).
         center: [S] log-space centre c of each sequence's pair (§5b), or None (all 0). The cross term
             uses s̃ = s·e^(−c) in place of s; self sequences ignore it.
+        old_log_ratio: [S] constant log s at the learner's old policy, (1/L_k)·Σ log π^(k)_old(ỹ) −
+            (1/L_j)·Σ log π^(j)_old(y) (eq. 11 before any update; 0 for self sequences). Required by
+            ``cross_clip_mode=decoupled`` (§5d), which splits s into r = e^(log s − old_log_ratio) and
+            w = min(1, e^old_log_ratio); ignored by the other modes.
     """
     _check_inputs(log_ratio, advantages, is_self, discrepancy)
     if cfg.algorithm not in SEQUENCE_ALGORITHMS:
@@ -124,18 +133,39 @@ def hacpo_sequence_objective(
     self_term = gspo_objective(ratio, adv, cfg.self_clip_low, cfg.self_clip_high)
     if cfg.algorithm in ("naive", "gspo", "gspo_x2"):
         return self_term
+    coef = discrepancy.to(ratio.dtype) if cfg.discrepancy_coefficient else torch.ones_like(ratio)
+    if cfg.cross_clip_mode == "decoupled":
+        return torch.where(is_self.bool(), self_term, _decoupled_cross_term(log_ratio, adv, coef, cfg, old_log_ratio))
     cross_ratio = ratio if center is None else torch.exp(log_ratio - center.to(log_ratio.dtype))
     if cfg.cross_clip:
         low, high = cross_window(update_index, cfg)
         clipped = cross_ratio.clamp(low, high)
     else:
         clipped = cross_ratio
-    coef = discrepancy.to(ratio.dtype) if cfg.discrepancy_coefficient else torch.ones_like(ratio)
-    if cfg.cross_clip_mode in ("pessimistic", "gspo"):  # PPO's bound on the mode's window; sg[s_c]^α uses s_c
+    if cfg.cross_clip_mode in BOUNDED_MODES:  # PPO's bound on the mode's window; sg[s_c]^α uses s_c
         cross_term = torch.minimum(cross_ratio * adv, clipped * adv) * clipped.detach().pow(cfg.alpha) * coef
     else:
         cross_term = clipped * clipped.detach().pow(cfg.alpha) * coef * adv
     return torch.where(is_self.bool(), self_term, cross_term)
+
+
+def _decoupled_cross_term(log_ratio: torch.Tensor, adv: torch.Tensor, coef: torch.Tensor, cfg: HACPOConfig,
+                          old_log_ratio: torch.Tensor | None) -> torch.Tensor:
+    """J_cross of docs/algorithm.md §5d, [S]: min(r·A, clip(r)·A) · w^(1+α) · ω with the proximal ratio
+    r = π^(k)_θ/π^(k)_old (differentiable) and the behaviour weight w = min(1, π^(k)_old/π^(j)_old) (constant)."""
+    if old_log_ratio is None:
+        raise ValueError("hacpo.cross_clip_mode=decoupled needs old_log_ratio (log s at the learner's old policy, "
+                         "from LossInputs.learner_old_logp_sum)")
+    if old_log_ratio.shape != log_ratio.shape:
+        raise ValueError(f"old_log_ratio has shape {tuple(old_log_ratio.shape)}, expected {tuple(log_ratio.shape)}")
+    old = old_log_ratio.detach().to(log_ratio.dtype)
+    proximal = torch.exp(log_ratio - old)
+    if cfg.cross_clip:
+        bounded = torch.minimum(proximal * adv, proximal.clamp(1.0 - cfg.self_clip_low, 1.0 + cfg.self_clip_high) * adv)
+    else:
+        bounded = proximal * adv
+    weight = torch.exp(old).clamp(max=1.0)
+    return bounded * weight.pow(1.0 + cfg.alpha) * coef
 
 
 def _stats(values: torch.Tensor, prefix: str) -> dict[str, float]:
@@ -152,8 +182,8 @@ def _fraction(mask: torch.Tensor, within: torch.Tensor) -> float:
 
 def _cross_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: float, mode: str) -> torch.Tensor:
     """[S] bool: cross sequences whose clip leaves no gradient (§5 clamp: outside [low, high];
-    §5a pessimistic and §5c gspo: only the side where the bound is the minimum)."""
-    if mode in ("pessimistic", "gspo"):
+    §5a pessimistic, §5c gspo and §5d decoupled (on r): only the side where the bound is the minimum)."""
+    if mode in BOUNDED_MODES:
         return ((adv > 0) & (ratio > high)) | ((adv < 0) & (ratio < low))
     return (ratio < low) | (ratio > high)
 
@@ -176,19 +206,25 @@ def _pair_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, adv: torch.T
 
 def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: torch.Tensor,
                   update_index: int, cfg: HACPOConfig, source_index: torch.Tensor | None = None,
-                  center: torch.Tensor | None = None) -> dict[str, float]:
+                  center: torch.Tensor | None = None, old_log_ratio: torch.Tensor | None = None) -> dict[str, float]:
     """Ratio statistics and clip fractions of one (micro-)batch; empty groups report 0.
 
     Ratio statistics and counts are split by source (self vs cross); ratios are the raw s. self_clipfrac:
     share of the sequences under GSPO's clip (self ones; all for naive/gspo) whose clipped branch is
     active (zero gradient). cross_clipfrac: share of sequences under the cross window with A ≠ 0 that
-    the window leaves without gradient (§5 or §5a, on s·e^(−c) with the centre c of §5b).
+    the window leaves without gradient (§5 or §5a, on s·e^(−c) with the centre c of §5b; §5d on the
+    proximal ratio r = s·e^(−old_log_ratio), and then also ``cross_behaviour_weight_mean``, the mean
+    of w = min(1, e^old_log_ratio) over cross sequences).
     With ``source_index`` ([S] int64) also the per-pair metrics of :func:`_pair_metrics`.
     """
     with torch.no_grad():
         log_ratio = log_ratio.detach().double()
         ratio = torch.exp(log_ratio)
-        shifted = ratio if center is None else torch.exp(log_ratio - center.double())
+        decoupled = cfg.cross_clip_mode == "decoupled" and old_log_ratio is not None
+        if decoupled:  # §5d clips the proximal ratio r
+            shifted = torch.exp(log_ratio - old_log_ratio.detach().double())
+        else:
+            shifted = ratio if center is None else torch.exp(log_ratio - center.double())
         adv = advantages.detach().double()
         own = is_self.bool()
         gspo_clipped = torch.ones_like(own) if cfg.algorithm in ("naive", "gspo", "gspo_x2") else own
@@ -207,6 +243,9 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
             "num_self": float(own.sum()),
             "num_cross": float((~own).sum()),
         }
+        if decoupled:
+            weight = torch.exp(old_log_ratio.detach().double()[~own]).clamp(max=1.0)
+            metrics["cross_behaviour_weight_mean"] = float(weight.mean()) if weight.numel() else 0.0
         if source_index is not None:
             zero_grad = torch.where(gspo_clipped, self_clipped, cross_clipped)
             metrics.update(_pair_metrics(log_ratio, zero_grad, adv, own, source_index, center))
@@ -239,8 +278,9 @@ def hacpo_loss(
                          f"{learner_logp_sum.numel()}")
     log_ratio = sequence_log_ratio(learner_logp_sum, learner_len, inputs.source_logp_sum, inputs.source_len,
                                    cfg.max_abs_log_ratio)
+    old_log_ratio = _old_log_ratio(learner_len, inputs, cfg)
     objective = hacpo_sequence_objective(log_ratio, inputs.advantages, inputs.is_self, inputs.discrepancy,
-                                         update_index, cfg, center=inputs.cross_center)
+                                         update_index, cfg, center=inputs.cross_center, old_log_ratio=old_log_ratio)
     denom = log_ratio.numel() if num_sequences is None else num_sequences
     if denom <= 0:
         if log_ratio.numel():
@@ -248,6 +288,18 @@ def hacpo_loss(
         denom = 1
     loss = -objective.sum() / denom
     metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg,
-                            source_index=inputs.source_index, center=inputs.cross_center)
+                            source_index=inputs.source_index, center=inputs.cross_center, old_log_ratio=old_log_ratio)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
     return loss, metrics
+
+
+def _old_log_ratio(learner_len: torch.Tensor, inputs: LossInputs, cfg: HACPOConfig) -> torch.Tensor | None:
+    """log s at the learner's old policy (eq. 11 with π^(k)_old), [S], for ``cross_clip_mode=decoupled``
+    (docs/algorithm.md §5d); None for every other mode or algorithm."""
+    if cfg.cross_clip_mode != "decoupled" or cfg.algorithm != "hacpo":
+        return None
+    if inputs.learner_old_logp_sum is None:
+        raise ValueError("hacpo.cross_clip_mode=decoupled needs LossInputs.learner_old_logp_sum (the learner's "
+                         "Σ log π_old over every sequence, filled by the trainer's old log-prob stage); got None")
+    return sequence_log_ratio(inputs.learner_old_logp_sum.to(learner_len.device), learner_len,
+                              inputs.source_logp_sum, inputs.source_len, cfg.max_abs_log_ratio)

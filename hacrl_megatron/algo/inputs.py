@@ -28,6 +28,9 @@ class LossInputs:
         per-pair metrics (``cross_clipfrac/<j>/pos`` ...). None: no per-pair metrics.
     cross_center: [S] float or None, the adaptive window's log-space centre c^(k,j) of each
         sequence's pair (docs/algorithm.md §5b; 0 for self sequences). None: every c = 0 (fixed window).
+    learner_old_logp_sum: [S] float or None, Σ log π^(k)_old over the response in the **learner's**
+        tokens, before any update of the step (equals source_logp_sum for self sequences). Needed by
+        ``hacpo.cross_clip_mode=decoupled`` only (docs/algorithm.md §5d).
     """
 
     advantages: torch.Tensor
@@ -38,6 +41,7 @@ class LossInputs:
     old_token_logp: torch.Tensor | None = None
     source_index: torch.Tensor | None = None
     cross_center: torch.Tensor | None = None
+    learner_old_logp_sum: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.advantages.dim() != 1:
@@ -49,7 +53,7 @@ class LossInputs:
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
         if self.is_self.dtype != torch.bool:
             raise ValueError(f"LossInputs.is_self must be a bool tensor, got {self.is_self.dtype}")
-        for name in ("source_index", "cross_center"):
+        for name in ("source_index", "cross_center", "learner_old_logp_sum"):
             value = getattr(self, name)
             if value is not None and value.shape != (s,):
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")

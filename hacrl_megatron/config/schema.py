@@ -15,7 +15,7 @@ from hacrl_megatron.errors import InputError
 PRESET_DIR = Path(__file__).parent.parent / "presets"
 
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
-CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo")
+CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo", "decoupled")
 CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -143,7 +143,8 @@ class HACPOConfig:
     max_reward: float = 1.0
     max_abs_log_ratio: float = 10.0  # clamp |log s| (docs/algorithm.md §3)
     # clamp (eq. 12-14) | pessimistic: min(s·A, clamp(s)·A) (docs/algorithm.md §5a) | gspo: the same bound on
-    # GSPO's self window [1 - self_clip_low, 1 + self_clip_high], no stepwise tightening (§5c)
+    # GSPO's self window [1 - self_clip_low, 1 + self_clip_high], no stepwise tightening (§5c) | decoupled: GSPO's
+    # window on the learner's own ratio π_θ/π_old, times min(1, s at π_old)^(1+α) (§5d; one more π_old pass)
     cross_clip_mode: str = "clamp"
     cross_window: str = "fixed"  # fixed (eq. 14) | adaptive: per-pair log-space centre (docs/algorithm.md §5b)
     adaptive_window_steps: int = 5  # K past steps of the adaptive window's running median

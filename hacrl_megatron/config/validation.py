@@ -179,9 +179,10 @@ def validate(cfg: ExperimentConfig) -> None:
           "must be >= 1 (steps of the adaptive window's running median)")
     _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,
           "the adaptive window moves the cross clip window; it needs hacpo.cross_clip=true")
-    _rule(h.cross_window == "fixed" or h.cross_clip_mode != "gspo", "hacpo.cross_window", h.cross_window,
-          "the adaptive window centres HACPO's window [lb_m, 1]; hacpo.cross_clip_mode=gspo uses GSPO's window "
-          "instead (docs/algorithm.md §5c): use hacpo.cross_window=fixed with it")
+    _rule(h.cross_window == "fixed" or h.cross_clip_mode in ("clamp", "pessimistic"), "hacpo.cross_window",
+          h.cross_window, f"the adaptive window centres HACPO's window [lb_m, 1]; hacpo.cross_clip_mode="
+          f"{h.cross_clip_mode} uses GSPO's window instead (docs/algorithm.md §5c-5d): use hacpo.cross_window=fixed "
+          "with it")
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
     _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)

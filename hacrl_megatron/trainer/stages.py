@@ -7,7 +7,7 @@ rollout → verify → old log-probs → learner views + advantages → loss fun
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -58,6 +58,8 @@ class StepData:
     trajectories: dict[str, list[Trajectory]]
     rewards: torch.Tensor  # [P, n, G] float32, agents in config order
     old_token_logps: dict[str, list[torch.Tensor]]  # GRPO only: per trajectory, source tokens
+    # cross_clip_mode=decoupled only: learner → source → [P·G] Σ log π^(learner)_old in the learner's tokens
+    learner_old_logps: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def rollout(runtimes: list[AgentRuntime], prompts: list[PromptRecord], exp: ExperimentConfig,
@@ -121,6 +123,31 @@ def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchang
         else:
             sums, lens = rt.agent.sequence_logprobs(batch, exp.rollout.temperature)
         data.trajectories[rt.name] = [t.with_logp(float(s), int(n)) for t, s, n in zip(trajs, sums, lens)]
+    if needs_learner_old_logps(exp.hacpo):
+        for rt in runtimes:
+            data.learner_old_logps[rt.name] = learner_cross_logprobs(rt, runtimes, data, exchange, exp)
+
+
+def needs_learner_old_logps(cfg: HACPOConfig) -> bool:
+    """The decoupled cross objective also needs each learner's own π_old on the others' responses (§5d)."""
+    return cfg.algorithm == "hacpo" and cfg.cross_clip_mode == "decoupled"
+
+
+def learner_cross_logprobs(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
+                           exp: ExperimentConfig) -> dict[str, torch.Tensor]:
+    """Σ log π^(k)_old of learner k over every other agent's responses, re-tokenized as in its learner
+    batch, before any update (docs/algorithm.md §5d): source name → [P·G] float64, one forward pass."""
+    others = [src for src in runtimes if src.index != rt.index]
+    trajs = [t for src in others for t in data.trajectories[src.name]]
+    views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
+    sums, _ = rt.agent.sequence_logprobs(views_to_batch(views), exp.rollout.temperature)
+    sums = torch.as_tensor(sums, dtype=torch.float64).cpu()
+    out, start = {}, 0
+    for src in others:
+        count = len(data.trajectories[src.name])
+        out[src.name] = sums[start:start + count]
+        start += count
+    return out
 
 
 def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
@@ -144,7 +171,7 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
                                             "source_logp_sum": [], "source_len": [], "source_index": [],
-                                            "cross_center": []}
+                                            "cross_center": [], "learner_old_logp_sum": []}
     old_tokens: list[torch.Tensor] = []
     for pos, src in enumerate(sources):
         src_trajs = data.trajectories[src.name]
@@ -153,6 +180,9 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         parts["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
         parts["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
         parts["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
+        own_old = parts["source_logp_sum"][-1] if src.index == rt.index else None
+        parts["learner_old_logp_sum"].append(
+            own_old if own_old is not None else data.learner_old_logps.get(rt.name, {}).get(src.name))
         parts["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
         parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
@@ -160,9 +190,16 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         old_tokens.extend(data.old_token_logps.get(src.name, []))
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
     old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
+    learner_old = parts.pop("learner_old_logp_sum")
     fields = {k: torch.cat(v) for k, v in parts.items()}
     if centers is None:
         fields["cross_center"] = None
+    fields["learner_old_logp_sum"] = None
+    if needs_learner_old_logps(h):
+        if any(part is None for part in learner_old):
+            raise ValueError(f"hacpo.cross_clip_mode=decoupled: no π_old of learner {rt.name!r} on the other agents' "
+                             "responses; run stages.old_logprobs on this step first")
+        fields["learner_old_logp_sum"] = torch.cat([part.to(torch.float64) for part in learner_old])
     inputs = LossInputs(**fields, old_token_logp=old)
     keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn

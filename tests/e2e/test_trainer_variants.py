@@ -1,10 +1,11 @@
-"""The HACPO cross-term variants through the real loop (docs/algorithm.md §5a-5c) on the tiny agents of
+"""The HACPO cross-term variants through the real loop (docs/algorithm.md §5a-5d) on the tiny agents of
 test_trainer.py: per-pair metrics, the adaptive window's centre from the running median, and exact
 resume of that running state from a checkpoint."""
 
 import dataclasses
 
 import pytest
+import torch
 
 from hacrl_megatron.algo import adaptive_center
 from tests.e2e.test_trainer import run_with, split_run, tiny_exp
@@ -64,3 +65,53 @@ def test_gspo_clip_without_hacpo_weights_trains_exactly_like_naive(tmp_path):
         for key in ("llama/hacpo/loss", "qwen3/hacpo/loss"):
             assert a[key] == pytest.approx(b[key], rel=1e-6, abs=1e-9), key
     assert variant[1]["llama/hacpo/loss"] != pytest.approx(paper[1]["llama/hacpo/loss"], rel=1e-3)
+
+
+@pytest.mark.parametrize("backend", ["hf", "megatron"])
+def test_decoupled_first_update_is_on_policy_for_cross_samples(tmp_path, backend):
+    """§5d: with one update per step every cross sample sits at r = 1 exactly (the learner's π_old pass on
+    the other agent's responses equals its training forward), so none is clipped; each one is weighted
+    by w = min(1, s_old) < 1 on average, and the agents train."""
+    exp = variant_exp(tmp_path, steps=2, cross_clip_mode="decoupled")
+    exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, mini_batches=1),
+                              agents=[dataclasses.replace(a, backend=backend) for a in exp.agents])
+    run, history = run_with(exp)
+    for learner, source in (("llama", "qwen3"), ("qwen3", "llama")):
+        for metrics in history:
+            assert metrics[f"{learner}/hacpo/cross_clipfrac"] == 0.0
+            assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/pos"] == 0.0
+            assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/neg"] == 0.0
+            assert 0.0 < metrics[f"{learner}/hacpo/cross_behaviour_weight_mean"] <= 1.0
+            assert metrics[f"{learner}/hacpo/grad_norm"] > 0.0
+    # the same steps under the paper's clamp clip part of those samples
+    _, paper = run_with(variant_exp(tmp_path / "paper", steps=1))
+    assert paper[0]["llama/hacpo/cross_clipfrac"] > 0.0
+
+
+def test_decoupled_learner_batch_carries_the_learner_old_log_probs(tmp_path):
+    """Self rows carry the source's own Σ log π_old; cross rows the learner's, computed once per step."""
+    from hacrl_megatron.trainer import stages
+
+    exp = variant_exp(tmp_path, steps=1, cross_clip_mode="decoupled")
+    run, _ = run_with(exp, steps=0)
+    prompts = run.task.sample(exp.train.prompts_per_step, offset=0)
+    data = stages.verify(run.verifier, prompts, stages.rollout(run.runtimes, prompts, exp, 0), 0,
+                         exp.rollout.max_response_len + 1)
+    omega = torch.ones(2, 2, dtype=torch.float64)
+    clamp = dataclasses.replace(exp, hacpo=dataclasses.replace(exp.hacpo, cross_clip_mode="clamp"))
+    stages.old_logprobs(run.runtimes, data, run.exchange, clamp)  # fills no learner π_old on cross samples
+    with pytest.raises(ValueError, match="no π_old of learner 'llama' on the other agents' responses"):
+        stages.learner_batch(run.runtimes[0], run.runtimes, data, run.exchange, omega, exp)
+    stages.old_logprobs(run.runtimes, data, run.exchange, exp)
+    llama = run.runtimes[0]
+    batch = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, exp)
+    inputs = batch.loss_inputs
+    own = inputs.is_self
+    torch.testing.assert_close(inputs.learner_old_logp_sum[own], inputs.source_logp_sum[own].double())
+    views = run.exchange.views("llama", data.trajectories["qwen3"], stages.prompt_id_map(llama, prompts),
+                               record_stats=False)
+    keep = [i for i, v in enumerate(views) if v.response_len > 0]
+    fresh, _ = llama.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]), exp.rollout.temperature)
+    torch.testing.assert_close(inputs.learner_old_logp_sum[~own], torch.as_tensor(fresh, dtype=torch.float64))
+    plain = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, clamp)
+    assert plain.loss_inputs.learner_old_logp_sum is None

@@ -1,4 +1,5 @@
-"""Hand-computed values and gradients of the HACPO cross-term variants (docs/algorithm.md §5a-5c).
+"""Hand-computed values and gradients of the HACPO cross-term variants (docs/algorithm.md §5a-5c;
+§5d decoupled is in test_algo_decoupled.py).
 
 §5a pessimistic: J = min(s·A, s_c·A)·sg[s_c]^α·ω, s_c = clamp(s, lb_m, 1).
 §5c gspo: the same with s_c = clip(s, 1 − ε_low, 1 + ε_high) at every m.

@@ -26,6 +26,9 @@ LOG_S = [0.0001, -0.0005, -0.10, -0.30, -0.19, 0.05, -0.02, -0.16]
 IS_SELF = [True, True, False, False, False, False, True, False]
 ADV = [0.9, -1.1, 0.7, -0.6, 1.3, 0.4, 0.0, -0.8]
 OMEGA = [1.0, 1.0, 2.0, 0.5, 3.0, 1.5, 1.0, 0.7]
+# decoupled (docs/algorithm.md §5d): log r = log π_θ − log π^(k)_old per token of each sequence, inside and
+# outside GSPO's band on both sides; with LOG_S this puts log s at π_old (= log s − log r) above and below 0
+LOG_R = [0.0, 0.0, 0.0001, -0.001, 0.002, -0.0002, 0.0, 0.0005]
 # adaptive window: the learner is agent 0; cross sequences come from agents 1 and 2 with centres −0.25, 0.1
 SOURCE = [0, 0, 1, 1, 2, 2, 0, 1]
 CENTER = [0.0, 0.0, -0.25, -0.25, 0.1, 0.1, 0.0, -0.25]
@@ -77,6 +80,8 @@ CONFIGS = {
     "adaptive": HACPOConfig(cross_window="adaptive"),
     "adaptive_pessimistic": HACPOConfig(cross_window="adaptive", cross_clip_mode="pessimistic"),
     "gspo_clip": HACPOConfig(alpha=1.0, cross_clip_mode="gspo"),
+    "decoupled": HACPOConfig(alpha=1.0, cross_clip_mode="decoupled"),
+    "decoupled_a3_no_omega": HACPOConfig(alpha=3.0, cross_clip_mode="decoupled", discrepancy_coefficient=False),
     "gspo": HACPOConfig(algorithm="gspo"),
 }
 
@@ -88,6 +93,11 @@ def test_fused_equals_algo_hacpo_loss(name, update_index):
     temperature = 0.8 if update_index == 2 else 1.0
     hidden, weight, targets, cu = make_inputs()
     seq = sequence_tensors(hidden, weight, targets, cu, temperature)
+    if cfg.cross_clip_mode == "decoupled":
+        with torch.no_grad():
+            learner = full_logits_sums(hidden, weight, targets, cu, temperature).double()
+        old = learner - torch.tensor(LOG_R, dtype=torch.float64) * torch.tensor(LENS, dtype=torch.float64)
+        seq = dataclasses.replace(seq, learner_old_logp_sum=old)
     if cfg.cross_window == "adaptive":  # per-pair centres (docs/algorithm.md §5b) move sequences 3, 4 into the window
         seq = dataclasses.replace(seq, source_index=torch.tensor(SOURCE),
                                   cross_center=torch.tensor(CENTER, dtype=torch.float64))

@@ -199,12 +199,12 @@ def test_paired_differences_and_per_seed_table_from_stored_runs():
 
 def test_hacpo_variants_are_methods_with_their_overrides(tmp_path):
     specs = cmp.plan_runs("cpu_demo", ["hacpo", "hacpo+pessimistic", "hacpo+adaptive", "hacpo+both",
-                                       "hacpo+gspo_clip"], [3], [], tmp_path)
+                                       "hacpo+gspo_clip", "hacpo+decoupled"], [3], [], tmp_path)
     got = {s.method: (s.exp.hacpo.algorithm, s.exp.hacpo.cross_clip_mode, s.exp.hacpo.cross_window) for s in specs}
     assert got == {"hacpo": ("hacpo", "clamp", "fixed"), "hacpo+pessimistic": ("hacpo", "pessimistic", "fixed"),
                    "hacpo+adaptive": ("hacpo", "clamp", "adaptive"), "hacpo+both": ("hacpo", "pessimistic", "adaptive"),
-                   "hacpo+gspo_clip": ("hacpo", "gspo", "fixed")}
-    assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1  # one warm-up for all five
+                   "hacpo+gspo_clip": ("hacpo", "gspo", "fixed"), "hacpo+decoupled": ("hacpo", "decoupled", "fixed")}
+    assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1  # one warm-up for all six
     assert specs[1].out_dir == tmp_path / "hacpo+pessimistic-seed3"
 
 
