@@ -2,7 +2,8 @@
 
     python benchmarks/bench_step_cost.py [--preset cpu_demo] [--steps 3] [--repeats 3] [--set key=value ...]
                                          [--json OUT.json]
-    python benchmarks/bench_step_cost.py --project PLAN.json [--train-factor 1.05]   # GPU-cluster projection
+    python benchmarks/bench_step_cost.py --project PLAN.json [--train-factor 1.05] [--cross-old-pass]
+                                         # GPU-cluster projection
 
 Both runs are built once from the same warm-up (``train.sft_warmup`` reads the cache) and make
 the same number of optimizer updates per step (``train.mini_batches``). They then run
@@ -102,6 +103,10 @@ def step(run: loop.Run, meter: Meter) -> None:
     completions = meter.timed("rollout", stages.rollout)(run.runtimes, prompts, exp, n)
     data = meter.timed("verify", stages.verify)(run.verifier, prompts, completions, n, exp.rollout.max_response_len + 1)
     meter.counts["old_logprob_tokens"] += sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
+    if stages.needs_learner_old_logps(exp.hacpo):  # §5d: each learner also scores the others' responses
+        total = sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
+        meter.counts["old_logprob_tokens"] += sum(total - sum(len(t.token_ids) for t in data.trajectories[rt.name])
+                                                  for rt in run.runtimes)  # in the source's tokens
     meter.timed("old_logprob", stages.old_logprobs)(run.runtimes, data, run.exchange, exp)
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     metrics = meter.timed("train", loop._update_learners)(run, data, run.tracker.omega(), n)
@@ -167,7 +172,7 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def project(plan: dict[str, Any], train_factor: float) -> dict[str, Any]:
+def project(plan: dict[str, Any], train_factor: float, cross_old_pass: bool = False) -> dict[str, Any]:
     """A GPU-cluster step of HACPO and GSPO×2 from a ``hacrl plan --json`` experiment plan.
 
     The planner prices, per agent, rollout (G and 2G samples per prompt), training and sync; its
@@ -176,15 +181,18 @@ def project(plan: dict[str, Any], train_factor: float) -> dict[str, Any]:
     same). HACPO trains on the same n·P·G sequences but each agent's old pass covers only its own P·G
     (docs/algorithm.md §3), and its trained sequences cost ``train_factor`` times as much (the measured
     padding / re-tokenized length ratio). Per agent: T_HACPO = train_s·((6 + r)·train_factor + 2/n)/(8 + r).
-    Agents run side by side: each component of the step is the slowest agent's.
+    ``cross_old_pass`` (``hacpo.cross_clip_mode=decoupled``, docs/algorithm.md §5d): each agent's old pass
+    also covers the others' responses, 2 in place of 2/n. Agents run side by side: each component of the
+    step is the slowest agent's.
     """
     n = len(plan["agents"])
+    old_pass = 2.0 if cross_old_pass else 2 / n
     rows = []
     for agent in plan["agents"]:
         t = agent["time_s"]
         r = 2.0 if agent["layout"]["recompute"] == "full" else 0.0
         rows.append({"rollout": (t["rollout_s"], t["gspo_x2_rollout_s"]),
-                     "train": (t["train_s"] * ((6 + r) * train_factor + 2 / n) / (8 + r), t["train_s"]),
+                     "train": (t["train_s"] * ((6 + r) * train_factor + old_pass) / (8 + r), t["train_s"]),
                      "sync": (t["sync_s"], t["sync_s"])})
     out = {k: tuple(max(row[k][i] for row in rows) for i in (0, 1)) for k in ("rollout", "train", "sync")}
     out["step"] = tuple(sum(out[k][i] for k in ("rollout", "train", "sync")) for i in (0, 1))
@@ -202,9 +210,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    help="only project a `hacrl plan --json` experiment plan with --train-factor, no measurement")
     p.add_argument("--train-factor", type=float, default=1.0,
                    help="HACPO / GSPO×2 cost of the trained sequences (e.g. the measured update CPU ratio)")
+    p.add_argument("--cross-old-pass", action="store_true",
+                   help="project hacpo.cross_clip_mode=decoupled: each agent's π_old pass covers every agent's responses")
     args = p.parse_args(argv)
     if args.project:
-        projected = project(json.loads(args.project.read_text()), args.train_factor)
+        projected = project(json.loads(args.project.read_text()), args.train_factor, args.cross_old_pass)
         print("| stage | HACPO s | GSPO×2 s | ratio |\n|---|---|---|---|")
         for k, v in projected.items():
             print(f"| {k} | {v['hacpo_s']:.1f} | {v['gspo_x2_s']:.1f} | {v['ratio']:.2f} |")

@@ -49,3 +49,6 @@ def test_gpu_projection_of_the_step():
     assert out["train"] == {"hacpo_s": 18.0, "gspo_x2_s": 20.0, "ratio": 0.9}
     assert out["rollout"]["ratio"] == 0.5 and out["step"]["hacpo_s"] == 10.0 + 18.0 + 1.0
     assert bench.project(plan, train_factor=9 / 8)["train"]["hacpo_s"] == pytest.approx(20.0)  # break-even
+    # decoupled (§5d): the old pass covers both agents' responses: none 16·(6 + 2)/8 = 16, full 20·(8 + 2)/10 = 20
+    decoupled = bench.project(plan, train_factor=1.0, cross_old_pass=True)
+    assert decoupled["train"]["hacpo_s"] == pytest.approx(20.0) and decoupled["step"]["ratio"] == pytest.approx(31 / 41)
