@@ -67,20 +67,24 @@ def test_gspo_clip_without_hacpo_weights_trains_exactly_like_naive(tmp_path):
     assert variant[1]["llama/hacpo/loss"] != pytest.approx(paper[1]["llama/hacpo/loss"], rel=1e-3)
 
 
-@pytest.mark.parametrize("backend", ["hf", "megatron"])
-def test_decoupled_first_update_is_on_policy_for_cross_samples(tmp_path, backend):
+@pytest.mark.parametrize("backend, agents", [("hf", 2), ("megatron", 2), ("hf", 3)])
+def test_decoupled_first_update_is_on_policy_for_cross_samples(tmp_path, backend, agents):
     """§5d: with one update per step every cross sample sits at r = 1 exactly (the learner's π_old pass on
     the other agent's responses equals its training forward), so none is clipped; each one is weighted
     by w = min(1, s_old) < 1 on average, and the agents train."""
     exp = variant_exp(tmp_path, steps=2, cross_clip_mode="decoupled")
+    third = dataclasses.replace(exp.agents[0], name="llama_b", model=dataclasses.replace(exp.agents[0].model, hidden_size=16))
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, mini_batches=1),
-                              agents=[dataclasses.replace(a, backend=backend) for a in exp.agents])
+                              agents=[dataclasses.replace(a, backend=backend) for a in [*exp.agents, third][:agents]])
     run, history = run_with(exp)
-    for learner, source in (("llama", "qwen3"), ("qwen3", "llama")):
+    names = [a.name for a in exp.agents]
+    for learner in names:  # with three agents each learner's π_old pass covers two sources, in config order
         for metrics in history:
             assert metrics[f"{learner}/hacpo/cross_clipfrac"] == 0.0
-            assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/pos"] == 0.0
-            assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/neg"] == 0.0
+            for source in names:
+                if source != learner:
+                    assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/pos"] == 0.0
+                    assert metrics[f"{learner}/hacpo/cross_clipfrac/{source}/neg"] == 0.0
             assert 0.0 < metrics[f"{learner}/hacpo/cross_behaviour_weight_mean"] <= 1.0
             assert metrics[f"{learner}/hacpo/grad_norm"] > 0.0
     # the same steps under the paper's clamp clip part of those samples
