@@ -116,7 +116,7 @@ def hacpo_sequence_objective(
         update_index: m, optimizer updates already made by this learner in this step.
         cfg: algorithm and ablation switches (docs/algorithm.md §8). ``naive`` applies GSPO's clip to every
             sequence with no coefficient and α = 0; ``gspo``/``gspo_x2`` treat every sequence as self.
-            ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic, §5c gspo).
+            ``cfg.cross_clip_mode`` picks the cross bound (§5 clamp, §5a pessimistic, §5c gspo, §5d decoupled).
         center: [S] log-space centre c of each sequence's pair (§5b), or None (all 0). The cross term
             uses s̃ = s·e^(−c) in place of s; self sequences ignore it.
         old_log_ratio: [S] constant log s at the learner's old policy, (1/L_k)·Σ log π^(k)_old(ỹ) −
