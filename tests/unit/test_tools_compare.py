@@ -140,7 +140,12 @@ def test_bad_inputs_raise_clear_errors(tmp_path):
                                   "COMPARE_variants_gspo_clip_b.json", "COMPARE_variants_gspo_clip_c.json", "COMPARE_variants_gspo_clip_confirm_a.json",
                                   "COMPARE_variants_gspo_clip_confirm_b.json",
                                   "COMPARE_variants_gspo_clip_a_ablations.json",
-                                  "COMPARE_variants_gspo_clip_b_ablations.json"])
+                                  "COMPARE_variants_gspo_clip_b_ablations.json",
+                                  "COMPARE_variants_decoupled_a.json", "COMPARE_variants_decoupled_b.json",
+                                  "COMPARE_variants_decoupled_a_no_omega.json",
+                                  "COMPARE_variants_decoupled_b_no_omega.json",
+                                  "COMPARE_variants_decoupled_confirm_a.json",
+                                  "COMPARE_variants_decoupled_confirm_b.json"])
 def test_stored_results_load_into_records_and_write_back_unchanged(name):
     text = (BENCHMARKS / name).read_text()
     summary, runs = cmp.load_results(BENCHMARKS / name)
