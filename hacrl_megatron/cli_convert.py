@@ -24,13 +24,17 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.hf_io import open_hf_model, resolve_hf_dir
-from hacrl_megatron.models.parallel import init_parallel, local_rendezvous, local_world_env, shutdown_parallel
+from hacrl_megatron.models.parallel import (
+    init_parallel,
+    local_world_env,
+    shutdown_parallel,
+    spawn_local_world,
+)
 from hacrl_megatron.models.provider import (
     ArchSpec,
     ParallelLayoutError,
@@ -85,9 +89,8 @@ def main(args: argparse.Namespace) -> int:
         except (ParallelLayoutError, UnsupportedModelError, CheckpointMismatchError, FileNotFoundError) as err:
             print(f"hacrl convert: {err}", file=sys.stderr)
             return 2
-    if world > 1 and "WORLD_SIZE" not in os.environ:
-        with local_rendezvous("hacrl_convert_") as init_file:  # removed afterwards, also when a rank fails
-            mp.spawn(_spawned, args=(world, init_file, vars(args)), nprocs=world, join=True)
+    if world > 1 and "WORLD_SIZE" not in os.environ:  # the rendezvous folder is removed also when a rank fails
+        spawn_local_world(_spawned, world, (vars(args),), prefix="hacrl_convert_")
     else:
         convert_in_world(vars(args))
         if world > 1:  # launched by torchrun: close the world before this process exits

@@ -22,13 +22,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import glob
 import ipaddress
+import json
 import os
 import shutil
 import socket
 import sys
 import tempfile
-from collections.abc import Iterator
+import time
+import traceback
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -82,6 +86,59 @@ def local_rendezvous(prefix: str = "hacrl_world_") -> Iterator[str]:
         yield os.path.join(folder, "rendezvous")
     finally:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def spawn_local_world(fn: Callable[..., None], world: int, args: tuple = (), prefix: str = "hacrl_world_") -> None:
+    """Run ``fn(rank, world, init_file, *args)`` in ``world`` processes spawned on this machine, meeting
+    at a :func:`local_rendezvous` file; returns when every rank has returned.
+
+    When ranks fail, the error raised (``torch.multiprocessing.ProcessRaisedException``) is that of the
+    **first** rank to fail. A failing rank makes its peers fail in their next collective ("Connection
+    closed by peer"), and ``mp.spawn`` alone reports whichever failed process it notices first, so
+    the cause (a full disk, a bad output path) could hide behind a peer's network error.
+    ``fn`` must be a module-level function (it is pickled into the spawned processes).
+    """
+    import torch.multiprocessing as mp
+
+    with local_rendezvous(prefix) as init_file:
+        try:
+            mp.spawn(_run_recording_failure, args=(fn, world, init_file, args), nprocs=world, join=True)
+        except mp.ProcessRaisedException as err:
+            raise first_failure(err, os.path.dirname(init_file)) from None
+
+
+def _run_recording_failure(rank: int, fn: Callable[..., None], world: int, init_file: str, args: tuple) -> None:
+    try:
+        fn(rank, world, init_file, *args)
+    except BaseException:
+        record = {"time": time.time(), "rank": rank, "pid": os.getpid(), "trace": traceback.format_exc()}
+        with contextlib.suppress(OSError):  # a full disk must not replace the rank's own error
+            with open(os.path.join(os.path.dirname(init_file), f"failure-rank{rank}.json"), "w") as f:
+                json.dump(record, f)
+        raise
+
+
+def first_failure(err: Exception, folder: str) -> Exception:
+    """The failure to report for a spawned world: ``err`` (what ``mp.spawn`` raised), or, when a rank
+    recorded an earlier failure in ``folder`` (``failure-rank<r>.json``), a ``ProcessRaisedException``
+    with that rank's traceback."""
+    import torch.multiprocessing as mp
+
+    records = []
+    for path in glob.glob(os.path.join(folder, "failure-rank*.json")):
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            with open(path) as f:
+                record = json.load(f)
+            records.append((float(record["time"]), int(record["rank"]), int(record["pid"]), str(record["trace"])))
+    if not records:
+        return err
+    _, rank, pid, trace = min(records)
+    if rank == getattr(err, "error_index", None):
+        return err
+    later = getattr(err, "error_index", "?")
+    return mp.ProcessRaisedException(
+        f"\n\n-- Process {rank} terminated with the following error (the first rank to fail; process {later} "
+        f"failed after it):\n{trace}", rank, pid)
 
 
 LOOPBACK = "127.0.0.1"

@@ -147,14 +147,12 @@ def _worker(rank: int, world: int, init_file: str, fn: Callable[..., dict], args
 
 
 def run_world(fn: Callable[..., dict], world: int, args: tuple, tmp_dir: str) -> dict:
-    """Run ``fn(rank, *args)`` in ``world`` spawned gloo processes; return rank 0's JSON result."""
-    import torch.multiprocessing as mp
-
-    from hacrl_megatron.models.parallel import local_rendezvous
+    """Run ``fn(rank, *args)`` in ``world`` spawned gloo processes; return rank 0's JSON result. A failure
+    is reported as the first rank's to fail (``spawn_local_world``)."""
+    from hacrl_megatron.models.parallel import spawn_local_world
 
     out_path = os.path.join(tmp_dir, f"result_{fn.__name__}.json")
-    with local_rendezvous() as init_file:  # removed when the world closes, also on errors
-        mp.spawn(_worker, args=(world, init_file, fn, args, out_path), nprocs=world, join=True)
+    spawn_local_world(_worker, world, (fn, args, out_path))
     with open(out_path) as f:
         return json.load(f)
 
