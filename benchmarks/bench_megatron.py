@@ -82,15 +82,14 @@ def _spawned(rank: int, world: int, init_file: str, preset: str, tp: int, pp: in
 
 
 def run_layout(preset: str, tp: int, pp: int) -> dict:
-    import torch.multiprocessing as mp
+    from hacrl_megatron.models.parallel import spawn_local_world
 
-    folder = tempfile.mkdtemp(prefix="bench_mg_")
-    out, init_file = os.path.join(folder, "r.json"), os.path.join(folder, "rendezvous")
-    world = tp * pp
-    # every layout in fresh processes (megatron's parallel state is one per process)
-    mp.spawn(_spawned, args=(world, init_file, preset, tp, pp, out), nprocs=world, join=True)
-    with open(out) as f:
-        return json.load(f)
+    with tempfile.TemporaryDirectory(prefix="bench_mg_") as folder:
+        out = os.path.join(folder, "r.json")
+        # every layout in fresh processes (megatron's parallel state is one per process)
+        spawn_local_world(_spawned, tp * pp, (preset, tp, pp, out), prefix="bench_mg_world_")
+        with open(out) as f:
+            return json.load(f)
 
 
 def smollm2_conversion() -> dict:
