@@ -102,11 +102,11 @@ def step(run: loop.Run, meter: Meter) -> None:
     prompts = run.task.sample(exp.train.prompts_per_step, offset=n * exp.train.prompts_per_step)
     completions = meter.timed("rollout", stages.rollout)(run.runtimes, prompts, exp, n)
     data = meter.timed("verify", stages.verify)(run.verifier, prompts, completions, n, exp.rollout.max_response_len + 1)
-    meter.counts["old_logprob_tokens"] += sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
-    if stages.needs_learner_old_logps(exp.hacpo):  # §5d: each learner also scores the others' responses
-        total = sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
-        meter.counts["old_logprob_tokens"] += sum(total - sum(len(t.token_ids) for t in data.trajectories[rt.name])
-                                                  for rt in run.runtimes)  # in the source's tokens
+    sampled = sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
+    # each agent scores its own responses; under §5d (decoupled) every learner scores every agent's,
+    # i.e. n passes over all of them (counted in the source's tokens)
+    passes = len(run.runtimes) if stages.needs_learner_old_logps(exp.hacpo) else 1
+    meter.counts["old_logprob_tokens"] += sampled * passes
     meter.timed("old_logprob", stages.old_logprobs)(run.runtimes, data, run.exchange, exp)
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     metrics = meter.timed("train", loop._update_learners)(run, data, run.tracker.omega(), n)

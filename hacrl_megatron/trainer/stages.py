@@ -142,12 +142,17 @@ def learner_cross_logprobs(rt: AgentRuntime, runtimes: list[AgentRuntime], data:
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
     sums, _ = rt.agent.sequence_logprobs(views_to_batch(views), exp.rollout.temperature)
     sums = torch.as_tensor(sums, dtype=torch.float64).cpu()
-    out, start = {}, 0
-    for src in others:
-        count = len(data.trajectories[src.name])
-        out[src.name] = sums[start:start + count]
-        start += count
-    return out
+    counts = [len(data.trajectories[src.name]) for src in others]
+    return {src.name: part for src, part in zip(others, torch.split(sums, counts))}
+
+
+def _learner_old_logps(data: StepData, learner: str, source: str) -> torch.Tensor:
+    """[P·G] Σ log π^(learner)_old over ``source``'s responses, as :func:`old_logprobs` left them."""
+    found = data.learner_old_logps.get(learner, {}).get(source)
+    if found is None:
+        raise ValueError(f"hacpo.cross_clip_mode=decoupled: no π_old of learner {learner!r} on the other agents' "
+                         "responses; run stages.old_logprobs on this step first")
+    return found
 
 
 def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
@@ -171,8 +176,9 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
                                             "source_logp_sum": [], "source_len": [], "source_index": [],
-                                            "cross_center": [], "learner_old_logp_sum": []}
+                                            "cross_center": []}
     old_tokens: list[torch.Tensor] = []
+    needs_old, learner_old = needs_learner_old_logps(h), []  # decoupled only (§5d)
     for pos, src in enumerate(sources):
         src_trajs = data.trajectories[src.name]
         trajs.extend(src_trajs)
@@ -180,9 +186,9 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         parts["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
         parts["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
         parts["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
-        own_old = parts["source_logp_sum"][-1] if src.index == rt.index else None
-        parts["learner_old_logp_sum"].append(
-            own_old if own_old is not None else data.learner_old_logps.get(rt.name, {}).get(src.name))
+        if needs_old:  # a self response's π_old is the learner's own
+            learner_old.append(parts["source_logp_sum"][-1] if src.index == rt.index
+                               else _learner_old_logps(data, rt.name, src.name))
         parts["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
         parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
@@ -190,16 +196,10 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         old_tokens.extend(data.old_token_logps.get(src.name, []))
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
     old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
-    learner_old = parts.pop("learner_old_logp_sum")
     fields = {k: torch.cat(v) for k, v in parts.items()}
     if centers is None:
         fields["cross_center"] = None
-    fields["learner_old_logp_sum"] = None
-    if needs_learner_old_logps(h):
-        if any(part is None for part in learner_old):
-            raise ValueError(f"hacpo.cross_clip_mode=decoupled: no π_old of learner {rt.name!r} on the other agents' "
-                             "responses; run stages.old_logprobs on this step first")
-        fields["learner_old_logp_sum"] = torch.cat([part.to(torch.float64) for part in learner_old])
+    fields["learner_old_logp_sum"] = torch.cat([part.double() for part in learner_old]) if needs_old else None
     inputs = LossInputs(**fields, old_token_logp=old)
     keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
