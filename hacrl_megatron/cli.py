@@ -24,8 +24,9 @@ import sys
 import yaml
 
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
+from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.errors import InputError
-from hacrl_megatron.trainer.run_folder import OutOfSpaceError, RunFolderError, resume_note
+from hacrl_megatron.trainer.run_folder import RunFolderError, resume_note
 
 DEFAULT_PRESET = "cpu_demo"
 

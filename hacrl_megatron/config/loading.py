@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from hacrl_megatron.config.schema import PRESET_DIR, ConfigError, ExperimentConfig
+from hacrl_megatron.config.validation import validate
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -166,6 +167,6 @@ def load_config(preset: str | None = None, overrides: list[str] | None = None) -
         data["agents"] = [dict(a) if isinstance(a, dict) else a for a in data["agents"]]
     for ov in overrides or []:
         apply_override(data, ov)
-    return from_dict(ExperimentConfig, data).validate()
+    return validate(from_dict(ExperimentConfig, data))
 
 

@@ -1,6 +1,7 @@
 """The experiment's configuration records: one small dataclass per component, and the allowed values.
 
-Loading (YAML presets, overrides) lives in :mod:`.loading`, the rules in :mod:`.validation`.
+Loading (YAML presets, overrides) lives in :mod:`.loading`, the rules in :mod:`.validation` (which
+imports these records, so the records never import the rules: ``validate(cfg)`` checks a config).
 """
 
 from __future__ import annotations
@@ -224,14 +225,5 @@ class ExperimentConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
 
-    def validate(self) -> ExperimentConfig:
-        """Check every rule (:func:`hacrl_megatron.config.validation.validate`); returns ``self``."""
-        from hacrl_megatron.config.validation import validate  # the rules import these records
-
-        validate(self)
-        return self
-
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-

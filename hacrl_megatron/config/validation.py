@@ -147,8 +147,8 @@ def check_data_files(data: DataConfig) -> list[Path]:
         raise ConfigError(f"data.path={data.path!r}: {err}") from None
 
 
-def validate(cfg: ExperimentConfig) -> None:
-    """Check every cross-field rule; raise ConfigError naming field, value and rule."""
+def validate(cfg: ExperimentConfig) -> ExperimentConfig:
+    """Check every rule; raise ConfigError naming field, value and rule. Returns ``cfg``."""
     _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
     seen: set[str] = set()
     for i, agent_cfg in enumerate(cfg.agents):
@@ -228,3 +228,4 @@ def validate(cfg: ExperimentConfig) -> None:
     _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
     _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     _rule(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, "must be >= 1")
+    return cfg

@@ -68,7 +68,7 @@ def _cluster(args: argparse.Namespace, nodes: int, gpn: int) -> Any:
 
 
 def _experiment(args: argparse.Namespace) -> dict[str, Any]:
-    from hacrl_megatron.config import ExperimentConfig, apply_override, from_dict, read_preset
+    from hacrl_megatron.config import ExperimentConfig, apply_override, from_dict, read_preset, validate
     from hacrl_megatron.plan.experiment import plan_experiment
     from hacrl_megatron.plan.report import agent_dict, assumptions_dict
 
@@ -80,7 +80,7 @@ def _experiment(args: argparse.Namespace) -> dict[str, Any]:
     data = read_preset(args.preset)
     for ov in args.overrides:
         apply_override(data, ov)
-    cfg = from_dict(ExperimentConfig, data).validate()
+    cfg = validate(from_dict(ExperimentConfig, data))
     plan = plan_experiment(cfg, cluster, data)
     agents = [agent_dict(p, src.split(": ", 1)[1]) for p, src in zip(plan.agents, plan.sources)]
     return {"mode": "experiment", "preset": args.preset, "agents": agents,

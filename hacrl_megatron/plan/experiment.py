@@ -13,7 +13,14 @@ from dataclasses import dataclass
 
 import yaml
 
-from hacrl_megatron.config import AgentConfig, ConfigError, ExperimentConfig, apply_override, from_dict
+from hacrl_megatron.config import (
+    AgentConfig,
+    ConfigError,
+    ExperimentConfig,
+    apply_override,
+    from_dict,
+    validate,
+)
 from hacrl_megatron.models.provider import ArchSpec, UnsupportedModelError
 from hacrl_megatron.plan.known_models import KNOWN_CONFIGS
 from hacrl_megatron.plan.memory import Workload
@@ -224,7 +231,7 @@ def _preset_yaml(preset: dict, overrides: list[str]) -> str:
     for ov in overrides:
         apply_override(data, ov)
     try:
-        from_dict(ExperimentConfig, data).validate()
+        validate(from_dict(ExperimentConfig, data))
     except ConfigError as err:
         raise PlanError(f"planned config does not validate: {err}") from None
     return yaml.safe_dump(data, sort_keys=False)

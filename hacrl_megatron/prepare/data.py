@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.data.benchmarks import load_benchmark_rows
+from hacrl_megatron.durable import write_durably
 from hacrl_megatron.prepare.hub import HubError, check_hub, mirror_repo, one_line
-from hacrl_megatron.trainer.run_folder import write_durably
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from hacrl_megatron.agents.checkpoint import DamagedCheckpointError
-from hacrl_megatron.trainer.run_folder import (
+from hacrl_megatron.durable import (
     OutOfSpaceError,
     free_bytes,
     fsync_dir,

@@ -16,6 +16,7 @@ from pathlib import Path
 import torch
 
 from hacrl_megatron.algo import CapabilityTracker, positive_rate
+from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task, make_task
 from hacrl_megatron.exchange.retokenize import Exchange
@@ -27,7 +28,7 @@ from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_check
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
-from hacrl_megatron.trainer.run_folder import claim_run_folder, close_all
+from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 
 logger = logging.getLogger(__name__)
@@ -149,18 +150,14 @@ def train_step(run: Run) -> dict[str, float]:
     return metrics
 
 
-def _checkpoint_dir(exp: ExperimentConfig) -> Path:
-    return Path(exp.checkpoint.dir or Path(exp.output_dir) / "checkpoints")
-
-
 def _save(run: Run) -> None:
     # the data position is the step itself (prompts are sampled at offset step × prompts_per_step)
     state = {"tracker": run.tracker.state_dict(), "history": run.history}
-    save_checkpoint(_checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
+    save_checkpoint(checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
 
 
 def _resume(run: Run) -> bool:
-    root = _checkpoint_dir(run.exp)
+    root = checkpoint_dir(run.exp)
     path = find_resume_checkpoint(root)  # the newest that verifies; damaged newer ones are skipped (logged)
     if path is None:
         logger.warning("checkpoint.resume=true but no checkpoint in %s: starting fresh", root)

@@ -18,8 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
-from hacrl_megatron.trainer.run_folder import OutOfSpaceError, close_all, free_bytes, megabytes
+from hacrl_megatron.durable import OutOfSpaceError, free_bytes, megabytes
 
 logger = logging.getLogger(__name__)
 

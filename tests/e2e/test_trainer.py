@@ -14,10 +14,11 @@ import pytest
 import torch
 
 from hacrl_megatron.agents.batch import SequenceBatch
-from hacrl_megatron.config import ExperimentConfig, from_dict
+from hacrl_megatron.config import ExperimentConfig, from_dict, validate
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer import loop
 from hacrl_megatron.trainer.checkpoint import MARKER, latest_checkpoint
+from hacrl_megatron.trainer.run_folder import checkpoint_dir
 
 
 def parity_reward(request, mode):
@@ -36,7 +37,7 @@ def tiny_exp(tmp_path, algorithm="hacpo", backend="hf", **train) -> ExperimentCo
         "model": {"arch": arch, "hidden_size": hidden, "num_layers": layers, "num_heads": 4, "num_kv_heads": 2,
                   "ffn_hidden_size": 2 * hidden, "max_position_embeddings": 64},
     }
-    return from_dict(ExperimentConfig, {
+    return validate(from_dict(ExperimentConfig, {
         "name": "e2e", "output_dir": str(tmp_path / "run"),
         "agents": [agent("llama", "llama", "char", 32, 2), agent("qwen3", "qwen3", "pair", 24, 1)],
         "rollout": {"samples_per_prompt": 4, "max_response_len": 8, "max_prompt_len": 32},
@@ -46,7 +47,7 @@ def tiny_exp(tmp_path, algorithm="hacpo", backend="hf", **train) -> ExperimentCo
         "data": {"task": "addition", "difficulty": 1, "eval_size": 0},
         "checkpoint": {"every": 0},
         "log": {"tensorboard": False, "progress": False},
-    }).validate()
+    }))
 
 
 def run_with(exp, score_fn=parity_reward, steps=None):
@@ -125,7 +126,7 @@ def test_crash_mid_save_resumes_from_last_complete_checkpoint(tmp_path):
     exp = tiny_exp(tmp_path, steps=2)
     run, _ = run_with(exp, steps=1)
     loop._save(run)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     # a save killed before its rename leaves a temp folder; one killed before the marker, no COMPLETE
     (root / ".tmp-step-000002-999999" / "agents").mkdir(parents=True)
     (root / "step-000002" / "agents").mkdir(parents=True)
@@ -205,7 +206,7 @@ def test_agents_with_different_layouts_train_side_by_side(tmp_path):
     pytest.importorskip("ray")
     exp = tiny_exp(tmp_path, backend="megatron")
     first = dataclasses.replace(exp.agents[0], workers="ray", parallel=dataclasses.replace(exp.agents[0].parallel, tp=2))
-    exp = dataclasses.replace(exp, agents=[first, exp.agents[1]]).validate()
+    exp = validate(dataclasses.replace(exp, agents=[first, exp.agents[1]]))
     run = loop.setup(exp)
     try:
         run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)

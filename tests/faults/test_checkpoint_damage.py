@@ -16,7 +16,7 @@ import pytest
 
 from hacrl_megatron.agents.checkpoint import DamagedCheckpointError, check_files
 from hacrl_megatron.trainer import checkpoint as ckpt
-from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer.run_folder import checkpoint_dir
 from tests.faults.trainer_helpers import resume_and_step, steps_with_checkpoints, tiny
 
 
@@ -70,7 +70,7 @@ def check_fallback(ref, backend, damage, tmp_path, caplog):
     base, history = ref
     shutil.copytree(base / "run", tmp_path / "run")
     exp = tiny(tmp_path, backend=backend, steps=4, every=2)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     harm, named = damage
     harm(root / "step-000004")
     caplog.set_level(logging.WARNING, logger="hacrl_megatron")

@@ -18,12 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
+from hacrl_megatron import durable
 from hacrl_megatron.cli import main
+from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.trainer import checkpoint as ckpt
-from hacrl_megatron.trainer import loop, run_folder
+from hacrl_megatron.trainer import loop
 from hacrl_megatron.trainer import metrics as metrics_mod
 from hacrl_megatron.trainer.metrics import JsonlWriter, MetricsLogger, read_metrics, read_metrics_lines
-from hacrl_megatron.trainer.run_folder import OutOfSpaceError
+from hacrl_megatron.trainer.run_folder import checkpoint_dir
 from tests.faults.trainer_helpers import exp_with, preset_file, resume_and_step, start, tiny
 from tests.unit.tool_loading import load_tool
 
@@ -72,7 +74,7 @@ def free_space(folder: Path) -> None:
 
 def test_injected_enospc_during_a_save_keeps_the_previous_checkpoint_and_the_run_resumes(tmp_path, monkeypatch):
     exp = tiny(tmp_path, steps=2, every=1)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     run = start(exp)
     try:
         loop.train_step(run)
@@ -132,11 +134,11 @@ def test_a_full_disk_hidden_behind_a_writer_error_is_named(tmp_path, monkeypatch
     """The writers do not say "no space": the nearly-zero free space at the failure tells."""
     exp = tiny(tmp_path, steps=1, every=1)
     run = start(exp)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     try:
         loop.train_step(run)
         writer(monkeypatch, run)
-        monkeypatch.setattr(run_folder, "free_bytes", lambda path: 0)
+        monkeypatch.setattr(durable, "free_bytes", lambda path: 0)
         with pytest.raises(OutOfSpaceError, match=rf"no space left on {root}, needed more than ~.* MB \(written"):
             loop._save(run)
         assert list(root.glob(".tmp-*")) == []
@@ -153,7 +155,7 @@ def test_a_full_disk_hidden_behind_a_writer_error_is_named(tmp_path, monkeypatch
 @pytest.mark.parametrize("backend", ["hf", "megatron"])
 def test_full_tmpfs_mid_run_then_resume_after_freeing_space(small_tmpfs, monkeypatch, backend):
     exp = tiny(small_tmpfs, backend=backend, steps=3, every=1)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     real_save = loop._save
 
     def fill_then_save(run):

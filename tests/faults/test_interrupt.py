@@ -16,12 +16,13 @@ from hacrl_megatron.cli import main
 from hacrl_megatron.trainer import loop
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint
 from hacrl_megatron.trainer.metrics import read_metrics
+from hacrl_megatron.trainer.run_folder import checkpoint_dir
 from tests.faults.trainer_helpers import exp_with, preset_file, tiny
 
 
 def test_ctrl_c_exits_130_with_one_line_naming_the_last_checkpoint(tmp_path, monkeypatch, capsys):
     exp = tiny(tmp_path, steps=4, every=2)
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
 
     def interrupted_after_two_checkpoints(cfg):
         for step in ("step-000002", "step-000004"):
@@ -44,7 +45,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path, monkeypatch, capsy
 
     monkeypatch.setattr(loop, "train", interrupted)
     assert main(["train", "--preset", preset_file(tmp_path, exp)]) == 130
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     assert capsys.readouterr().err == f"hacrl: interrupted; no checkpoint written yet in {root}\n"
 
 
@@ -52,7 +53,7 @@ def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path, monkeypatch, capsy
 def test_real_sigint_to_a_running_train_process(tmp_path):
     """SIGINT to the whole process group, as a terminal's Ctrl-C does (verifier workers included)."""
     exp = exp_with(tiny(tmp_path, steps=500, every=1), train={"verifier_workers": 1})
-    root = loop._checkpoint_dir(exp)
+    root = checkpoint_dir(exp)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
     proc = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--preset", preset_file(tmp_path, exp)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)

@@ -16,6 +16,7 @@ import torch
 from hacrl_megatron.agents.checkpoint import DamagedCheckpointError
 from hacrl_megatron.trainer import checkpoint as ckpt
 from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer.run_folder import checkpoint_dir
 from tests.faults.trainer_helpers import start, tiny
 
 
@@ -36,7 +37,7 @@ def saved(tmp_path):
     run = start(exp)
     try:
         loop.train_step(run)
-        return exp, loop.save_checkpoint(loop._checkpoint_dir(exp), 1, run.runtimes, {"history": {}})
+        return exp, loop.save_checkpoint(checkpoint_dir(exp), 1, run.runtimes, {"history": {}})
     finally:
         for rt in run.runtimes:
             rt.close()

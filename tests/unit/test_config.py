@@ -10,6 +10,7 @@ from hacrl_megatron.config import (
     from_dict,
     load_config,
     preset_names,
+    validate,
 )
 
 
@@ -80,8 +81,8 @@ def test_local_workers_cannot_hold_a_parallel_layout():
 
 def test_hacpo_needs_two_agents_but_gspo_runs_alone():
     with pytest.raises(ConfigError, match="needs >= 2 agents"):
-        from_dict(ExperimentConfig, {"agents": [{"name": "solo"}]}).validate()
-    cfg = from_dict(ExperimentConfig, {"agents": [{"name": "solo"}], "hacpo": {"algorithm": "gspo"}}).validate()
+        validate(from_dict(ExperimentConfig, {"agents": [{"name": "solo"}]}))
+    cfg = validate(from_dict(ExperimentConfig, {"agents": [{"name": "solo"}], "hacpo": {"algorithm": "gspo"}}))
     assert cfg.hacpo.algorithm == "gspo"
 
 

@@ -8,7 +8,9 @@ Every import counts: at module level, inside functions (lazy imports of heavy ba
 * ``models/`` and ``agents/`` never import ``trainer/``, ``rollout/`` or ``reward/``;
 * ``rollout/`` never imports ``agents/``;
 * ``reward/``, ``data/`` and ``exchange/`` never import ``models/`` or ``agents/``;
-* no import cycle between the package's units (subpackages and top-level modules).
+* no import cycle between the package's units (subpackages and top-level modules);
+* no import cycle between the package's modules either (``config/schema.py`` ↔ ``config/validation.py``
+  through a lazy import was one), lazy imports inside functions included.
 """
 
 from __future__ import annotations
@@ -117,6 +119,28 @@ def unit_graph() -> dict[str, set[str]]:
     return graph
 
 
+def module_graph() -> dict[str, set[str]]:
+    """Dotted module -> the package's modules it imports, wherever the import sits in the file.
+
+    ``from a.b import c`` is an edge to ``a.b.c`` when that is a module, else to ``a.b`` (its
+    ``__init__``); parent packages that Python initialises on the way are not edges.
+    """
+    files = {".".join(_module_of(p)): p for p in sorted(ROOT.rglob("*.py"))}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = _module_of(path) if path.name == "__init__.py" else _module_of(path)[:-1]
+        targets: list[str] = []
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Import):
+                targets += [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - (node.level - 1)] if node.level else []
+                module = ".".join(base + ([node.module] if node.module else []))
+                targets += [f"{module}.{a.name}" if f"{module}.{a.name}" in files else module for a in node.names]
+        graph[name] = {t for t in targets if t in files and t != name}
+    return graph
+
+
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components with more than one unit (Tarjan), each sorted."""
     index: dict[str, int] = {}
@@ -165,7 +189,33 @@ def test_no_import_cycles_between_units():
     assert not found, "import cycles between units:\n" + "\n".join(detail)
 
 
+def test_no_import_cycles_between_modules():
+    graph = module_graph()
+    found = cycles(graph)
+    detail = [" -> ".join(c) + ": " + "; ".join(f"{a} imports {sorted(graph[a] & set(c))}" for a in c)
+              for c in found]
+    assert not found, "import cycles between modules (lazy imports count):\n" + "\n".join(detail)
+
+
 # ---- the checker itself ------------------------------------------------------------------------
+def test_module_checker_sees_lazy_imports_and_submodules_named_in_from_imports(tmp_path, monkeypatch):
+    pkg = tmp_path / PACKAGE
+    (pkg / "config").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "config" / "__init__.py").write_text("from .schema import Rec\nfrom .rules import check\n")
+    (pkg / "config" / "schema.py").write_text("class Rec:\n    def check(self):\n"
+                                              "        from hacrl_megatron.config.rules import check\n")
+    (pkg / "config" / "rules.py").write_text("from hacrl_megatron.config import schema\n")
+    (pkg / "other.py").write_text("from hacrl_megatron.config import Rec\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", pkg)
+    graph = module_graph()
+    assert graph[f"{PACKAGE}.config.rules"] == {f"{PACKAGE}.config.schema"}  # a submodule, not the __init__
+    assert graph[f"{PACKAGE}.other"] == {f"{PACKAGE}.config"}
+    assert cycles(graph) == [[f"{PACKAGE}.config.rules", f"{PACKAGE}.config.schema"]]
+    (pkg / "config" / "schema.py").write_text("class Rec:\n    pass\n")
+    assert cycles(module_graph()) == []
+
+
 def test_checker_sees_lazy_type_checking_and_relative_imports(tmp_path, monkeypatch):
     pkg = tmp_path / PACKAGE
     for sub in ("algo", "kernels", "models", "agents", "trainer", "rollout", "exchange"):
