@@ -33,11 +33,11 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from hacrl_megatron.net import free_port  # noqa: E402
 from hacrl_megatron.sync.base import buckets  # noqa: E402
 from hacrl_megatron.sync.distributed import (  # noqa: E402
     broadcast_async,
     flatten_bucket,
-    free_port,
     init_weight_group,
     unflatten_bucket,
 )

@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
+from hacrl_megatron.net import free_port  # noqa: F401  (re-exported: test worlds and tests import it from here)
 
 
 class ParallelStateError(RuntimeError):
@@ -56,13 +57,6 @@ class ParallelInfo:
     dp_rank: int
     world_size: int
     rank: int
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that is free right now (for spawned test worlds)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 INIT_FILE_ENV = "HACRL_DIST_INIT_FILE"

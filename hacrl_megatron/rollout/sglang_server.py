@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,8 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
+
+from hacrl_megatron.net import free_port
 
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # same variable as hacrl_megatron.config.SGLANG_PYTHON_ENV
 
@@ -34,13 +35,6 @@ def server_healthy(base_url: str, timeout: float = 5.0) -> bool:
 
 class SGLangServerError(RuntimeError):
     """The server process failed to start or died; the message carries the tail of its log."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class SGLangServer:

@@ -34,10 +34,8 @@ from __future__ import annotations
 import datetime
 import itertools
 import os
-import socket
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +43,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
+from hacrl_megatron.net import free_port, local_address_towards
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangUnreachable
 from hacrl_megatron.sync.base import Endpoint, NamedTensors, buckets, on_all, tensor_bytes, with_last
 
@@ -132,22 +131,6 @@ def broadcast_async(group: Any, tensor: torch.Tensor) -> Any:
     return group.broadcast([tensor], opts)
 
 
-def local_address_towards(url: str) -> str:
-    """This host's address as seen from the host of ``url`` (the interface that routes there)."""
-    host = urllib.parse.urlparse(url).hostname or "127.0.0.1"
-    if host in ("127.0.0.1", "localhost", "::1"):
-        return "127.0.0.1"
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((host, 9))  # UDP connect sends nothing; it only picks the route
-        return s.getsockname()[0]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("", 0))
-        return int(s.getsockname()[1])
-
-
 # --------------------------------------------------------------------------------------------
 # the transport
 
@@ -203,7 +186,7 @@ class DistributedTransport:
             return
         self._close_group()
         address = self.master_address or local_address_towards(engines[0].base_url)
-        port, world = free_port(), 1 + sum(e.tp_size for e in engines)
+        port, world = free_port(""), 1 + sum(e.tp_size for e in engines)
         self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
         offsets = [1 + sum(e.tp_size for e in engines[:k]) for k in range(len(engines))]
         joined: dict[str, Any] = {}
