@@ -100,17 +100,18 @@ def step(run: loop.Run, meter: Meter) -> None:
     """One step of ``loop.train_step``'s stages, each timed (wall and CPU)."""
     exp, n = run.exp, run.step
     prompts = run.task.sample(exp.train.prompts_per_step, offset=n * exp.train.prompts_per_step)
-    completions = meter.timed("rollout", stages.rollout)(run.runtimes, prompts, exp, n)
+    completions = meter.timed("rollout", stages.rollout)(run.runtimes, prompts, exp, run.algorithm, n)
     data = meter.timed("verify", stages.verify)(run.verifier, prompts, completions, n, exp.rollout.max_response_len + 1)
     sampled = sum(len(t.token_ids) for ts in data.trajectories.values() for t in ts)
     # each agent scores its own responses; under §5d (decoupled) every learner scores every agent's,
     # i.e. n passes over all of them (counted in the source's tokens)
-    passes = len(run.runtimes) if stages.needs_learner_old_logps(exp.hacpo) else 1
+    passes = len(run.runtimes) if run.algorithm.passes.learner_old_on_others else 1
     meter.counts["old_logprob_tokens"] += sampled * passes
-    meter.timed("old_logprob", stages.old_logprobs)(run.runtimes, data, run.exchange, exp)
+    meter.timed("old_logprob", stages.old_logprobs)(run.runtimes, data, run.exchange, run.algorithm,
+                                                    exp.rollout.temperature)
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     metrics = meter.timed("train", loop._update_learners)(run, data, run.tracker.omega(), n)
-    stages.record_cross_statistics(run.tracker, metrics, exp)
+    run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)
     meter.timed("sync", loop._sync_engines)(run, prompts[0])
     run.exchange.pop_metrics("")
     run.step += 1

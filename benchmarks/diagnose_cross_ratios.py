@@ -56,9 +56,10 @@ def score_pairs(run: loop.Run, prompts: int) -> list[dict[str, Any]]:
     exp = run.exp
     offset = exp.train.steps * exp.train.prompts_per_step  # past every prompt the run trained on
     records = run.task.sample(prompts, offset=offset)
-    data = stages.verify(run.verifier, records, stages.rollout(run.runtimes, records, exp, step=10**6),
+    data = stages.verify(run.verifier, records, stages.rollout(run.runtimes, records, exp, run.algorithm, step=10**6),
                          10**6, exp.rollout.max_response_len + 1)
-    stages.old_logprobs(run.runtimes, data, run.exchange, exp)  # Σ log π^(j) of each response, its own tokens
+    # Σ log π^(j) of each response, its own tokens
+    stages.old_logprobs(run.runtimes, data, run.exchange, run.algorithm, exp.rollout.temperature)
     out = []
     for rt in run.runtimes:
         ids = stages.prompt_id_map(rt, data.prompts)

@@ -158,9 +158,10 @@ def check_shared_warmup(specs: list[RunSpec]) -> dict[int, list[Path | None]]:
 
 def rollouts_per_agent(exp: ExperimentConfig) -> int:
     """Responses each agent generates over the run: prompts_per_step × G (×2 for GSPO×2) × steps."""
-    from hacrl_megatron.trainer.stages import samples_per_prompt
+    from hacrl_megatron.algo import build_algorithm
 
-    return exp.train.prompts_per_step * samples_per_prompt(exp) * exp.train.steps
+    g = build_algorithm(exp.hacpo, len(exp.agents)).samples_per_prompt(exp.rollout.samples_per_prompt)
+    return exp.train.prompts_per_step * g * exp.train.steps
 
 
 # --------------------------------------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 Public contract::
 
+    Algorithm, build_algorithm   the run's method as one object: the passes a step needs, each
+                                 learner's sources, G per prompt, advantages and the loss (§8)
+    StepPasses                   which extra forward passes a step needs
     CapabilityTracker            P̂ and ω (eq. 8-9); each pair's running log s median (§5b)
     adaptive_center              c^(k,j), the adaptive cross window's log-space centre (§5b)
     capability_baseline          μ^(k), the capability-aware group baseline (eq. 6)
@@ -14,6 +17,7 @@ Public contract::
 """
 
 from hacrl_megatron.algo.advantages import capability_aware_advantages, capability_baseline
+from hacrl_megatron.algo.algorithm import Algorithm, StepPasses, build_algorithm, name_pair_metrics
 from hacrl_megatron.algo.capability import CapabilityTracker, positive_rate
 from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
 from hacrl_megatron.algo.hacpo import (
@@ -28,10 +32,13 @@ from hacrl_megatron.algo.hacpo import (
 from hacrl_megatron.algo.inputs import LossInputs
 
 __all__ = [
+    "Algorithm",
     "CapabilityTracker",
     "LossInputs",
+    "StepPasses",
     "adaptive_center",
     "broadcast_to_tokens",
+    "build_algorithm",
     "capability_aware_advantages",
     "capability_baseline",
     "cross_window",
@@ -40,6 +47,7 @@ __all__ = [
     "hacpo_loss",
     "hacpo_metrics",
     "hacpo_sequence_objective",
+    "name_pair_metrics",
     "positive_rate",
     "sequence_log_ratio",
 ]

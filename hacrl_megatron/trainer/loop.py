@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from hacrl_megatron.algo import CapabilityTracker, positive_rate
+from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task, make_task
@@ -39,6 +39,7 @@ class Run:
     """The live objects of one training run (built once by :func:`setup`)."""
 
     exp: ExperimentConfig
+    algorithm: Algorithm
     runtimes: list[AgentRuntime]
     exchange: Exchange
     tracker: CapabilityTracker
@@ -68,16 +69,16 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
-    return Run(exp, runtimes, exchange, tracker, verifier, task, eval_records)
+    return Run(exp, build_algorithm(h, len(runtimes)), runtimes, exchange, tracker, verifier, task, eval_records)
 
 
 def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:
     """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
-    exp, metrics, launched = run.exp, {}, []
-    loss_fn = stages.make_loss_fn(exp)
-    centers = stages.cross_centers(run.tracker, exp)  # adaptive cross window (docs/algorithm.md §5b)
+    exp, algorithm, metrics, launched = run.exp, run.algorithm, {}, []
+    loss_fn = algorithm.loss_fn(run.names)
+    centers = algorithm.cross_centers(run.tracker)  # adaptive cross window (docs/algorithm.md §5b)
     for rt in run.runtimes:
-        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, exp, centers)
+        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, algorithm, centers)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
         launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
     for rt, num_sequences, pending in launched:
@@ -126,19 +127,19 @@ def train_step(run: Run) -> dict[str, float]:
         clock = now
 
     prompts = run.task.sample(exp.train.prompts_per_step, offset=step * exp.train.prompts_per_step)
-    completions = stages.rollout(run.runtimes, prompts, exp, step)
+    completions = stages.rollout(run.runtimes, prompts, exp, run.algorithm, step)
     for rt in run.runtimes:  # colocated engines hand their GPU memory to the trainer until the sync
         rt.engine.release_memory()
     lap("rollout")
     data = stages.verify(run.verifier, prompts, completions, step, exp.rollout.max_response_len + 1)
     lap("verify")
-    stages.old_logprobs(run.runtimes, data, run.exchange, exp)
+    stages.old_logprobs(run.runtimes, data, run.exchange, run.algorithm, exp.rollout.temperature)
     lap("old_logprob")
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     omega = run.tracker.omega()
     metrics = stages.reward_metrics(data, run.names)
     metrics.update(_update_learners(run, data, omega, step))
-    stages.record_cross_statistics(run.tracker, metrics, exp)  # used from the next step on
+    run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)  # used from the next step on
     lap("train")
     metrics.update(_sync_engines(run, probe=prompts[0]))
     lap("sync")

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 import torch
 
-from hacrl_megatron.algo import adaptive_center
+from hacrl_megatron.algo import adaptive_center, build_algorithm
 from tests.e2e.test_trainer import run_with, split_run, tiny_exp
 
 
@@ -98,24 +98,27 @@ def test_decoupled_learner_batch_carries_the_learner_old_log_probs(tmp_path):
 
     exp = variant_exp(tmp_path, steps=1, cross_clip_mode="decoupled")
     run, _ = run_with(exp, steps=0)
+    decoupled, temperature = run.algorithm, exp.rollout.temperature
+    assert decoupled.passes.learner_old_on_others
     prompts = run.task.sample(exp.train.prompts_per_step, offset=0)
-    data = stages.verify(run.verifier, prompts, stages.rollout(run.runtimes, prompts, exp, 0), 0,
+    data = stages.verify(run.verifier, prompts, stages.rollout(run.runtimes, prompts, exp, decoupled, 0), 0,
                          exp.rollout.max_response_len + 1)
     omega = torch.ones(2, 2, dtype=torch.float64)
-    clamp = dataclasses.replace(exp, hacpo=dataclasses.replace(exp.hacpo, cross_clip_mode="clamp"))
-    stages.old_logprobs(run.runtimes, data, run.exchange, clamp)  # fills no learner π_old on cross samples
-    with pytest.raises(ValueError, match="no π_old of learner 'llama' on the other agents' responses"):
-        stages.learner_batch(run.runtimes[0], run.runtimes, data, run.exchange, omega, exp)
-    stages.old_logprobs(run.runtimes, data, run.exchange, exp)
+    clamp = build_algorithm(dataclasses.replace(exp.hacpo, cross_clip_mode="clamp"), 2)
+    assert not clamp.passes.learner_old_on_others
+    stages.old_logprobs(run.runtimes, data, run.exchange, clamp, temperature)  # fills no learner π_old on cross samples
+    with pytest.raises(ValueError, match="no π_old of learner 'llama' on agent 'qwen3''s responses"):
+        stages.learner_batch(run.runtimes[0], run.runtimes, data, run.exchange, omega, decoupled)
+    stages.old_logprobs(run.runtimes, data, run.exchange, decoupled, temperature)
     llama = run.runtimes[0]
-    batch = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, exp)
+    batch = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, decoupled)
     inputs = batch.loss_inputs
     own = inputs.is_self
     torch.testing.assert_close(inputs.learner_old_logp_sum[own], inputs.source_logp_sum[own].double())
     views = run.exchange.views("llama", data.trajectories["qwen3"], stages.prompt_id_map(llama, prompts),
                                record_stats=False)
     keep = [i for i, v in enumerate(views) if v.response_len > 0]
-    fresh, _ = llama.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]), exp.rollout.temperature)
+    fresh, _ = llama.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]), temperature)
     torch.testing.assert_close(inputs.learner_old_logp_sum[~own], torch.as_tensor(fresh, dtype=torch.float64))
     plain = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, clamp)
     assert plain.loss_inputs.learner_old_logp_sum is None

@@ -248,3 +248,53 @@ def test_checker_sees_lazy_type_checking_and_relative_imports(tmp_path, monkeypa
 ])
 def test_cycle_finder(graph, expected):
     assert cycles(graph) == expected
+
+
+# ---- the algorithm is one object (algo/algorithm.py): nobody else asks which method runs ------------------
+METHOD_FIELDS = {"algorithm", "cross_clip_mode", "cross_window"}  # hacpo.* switches that pick the method
+METHOD_NAMES = {"hacpo", "gspo", "gspo_x2", "grpo", "naive", "naive_merge", "pessimistic", "decoupled"}
+METHOD_UNITS = {"algo", "config"}
+
+
+def _names_a_method(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute) and node.attr in METHOD_FIELDS:
+        return True
+    if isinstance(node, ast.Constant) and node.value in METHOD_NAMES:
+        return True
+    return isinstance(node, (ast.Tuple, ast.List, ast.Set)) and any(_names_a_method(e) for e in node.elts)
+
+
+def method_comparisons(root: Path = None) -> list[str]:
+    """``file:line`` of every comparison on a method switch or a method's name outside algo/ and config/."""
+    root = root or ROOT
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] in METHOD_UNITS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Compare) and any(_names_a_method(n) for n in (node.left, *node.comparators)):
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {ast.unparse(node)}")
+            elif isinstance(node, ast.match_case) and _names_a_method(getattr(node.pattern, "value", None)):
+                out.append(f"{path.relative_to(root.parent)}:{node.pattern.lineno}: case {ast.unparse(node.pattern)}")
+    return out
+
+
+def test_only_the_algorithm_object_asks_which_method_runs():
+    found = method_comparisons()
+    assert not found, ("compare hacpo.algorithm / cross_clip_mode / cross_window only in algo/ and config/; "
+                       "ask the Algorithm object (algo/algorithm.py) instead:\n" + "\n".join(found))
+
+
+def test_method_comparison_checker_sees_fields_names_and_membership(tmp_path):
+    pkg = tmp_path / PACKAGE
+    for sub in ("trainer", "algo"):
+        (pkg / sub).mkdir(parents=True)
+    (pkg / "trainer" / "stages.py").write_text(
+        "def f(exp, name):\n"
+        "    a = exp.hacpo.algorithm == 'grpo'\n"
+        "    b = name in ('naive', 'x')\n"
+        "    c = exp.hacpo.cross_clip_mode != mode\n"
+        "    d = exp.rollout.weight_sync == 'disk'\n")
+    (pkg / "algo" / "algorithm.py").write_text("def g(cfg):\n    return cfg.algorithm == 'grpo'\n")
+    assert [line.split(": ")[0] for line in method_comparisons(pkg)] == [
+        f"{PACKAGE}/trainer/stages.py:2", f"{PACKAGE}/trainer/stages.py:3", f"{PACKAGE}/trainer/stages.py:4"]

@@ -1,4 +1,4 @@
-"""The trainer-side plumbing of the HACPO variants (trainer/stages.py) and the GPU-cluster projection of
+"""The plumbing of the HACPO variants (the algorithm object's per-pair state, algo/algorithm.py) and the GPU-cluster projection of
 benchmarks/bench_step_cost.py: pure functions, hand-computed values."""
 
 import importlib.util
@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from hacrl_megatron.algo import CapabilityTracker
+from hacrl_megatron.algo import CapabilityTracker, build_algorithm, name_pair_metrics
 from hacrl_megatron.config import load_config
-from hacrl_megatron.trainer import stages
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,23 +16,29 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_pair_metrics_get_agent_names():
     metrics = {"cross_clipfrac/1/pos": 0.5, "cross_clipfrac/1/neg": 0.25, "cross_center/0": -0.1,
                "cross_log_ratio_median/1": 0.3, "cross_clipfrac": 0.4, "loss": 1.0}
-    assert stages.name_pair_metrics(metrics, ["llama", "qwen3"]) == {
+    assert name_pair_metrics(metrics, ["llama", "qwen3"]) == {
         "cross_clipfrac/qwen3/pos": 0.5, "cross_clipfrac/qwen3/neg": 0.25, "cross_center/llama": -0.1,
         "cross_log_ratio_median/qwen3": 0.3, "cross_clipfrac": 0.4, "loss": 1.0}
 
 
 def test_cross_centers_follow_the_tracker_medians():
-    exp = load_config("cpu_demo", ["hacpo.cross_window=adaptive"])
+    def algorithm(*overrides):
+        return build_algorithm(load_config("cpu_demo", list(overrides)).hacpo, 2)
+
+    adaptive = algorithm("hacpo.cross_window=adaptive")
     tracker = CapabilityTracker(2)
-    assert stages.cross_centers(tracker, load_config("cpu_demo", [])) is None  # fixed window
-    assert stages.cross_centers(tracker, exp).tolist() == [[0.0, 0.0], [0.0, 0.0]]  # no history yet
-    stages.record_cross_statistics(tracker, {"llama/hacpo/cross_log_ratio_median/qwen3": -0.5,
-                                             "qwen3/hacpo/cross_log_ratio_median/llama": -0.1}, exp)
-    c = stages.cross_centers(tracker, exp)
+    assert algorithm().cross_centers(tracker) is None  # fixed window
+    assert adaptive.cross_centers(tracker).tolist() == [[0.0, 0.0], [0.0, 0.0]]  # no history yet
+    adaptive.record_cross_statistics(tracker, {"llama/hacpo/cross_log_ratio_median/qwen3": -0.5,
+                                               "qwen3/hacpo/cross_log_ratio_median/llama": -0.1}, ["llama", "qwen3"])
+    c = adaptive.cross_centers(tracker)
     assert c[0, 1].item() == pytest.approx(-0.5 - 0.5 * math.log(0.8))  # outside [log 0.8, 0]: centred
     assert c[1, 0].item() == 0.0 and c[0, 0].item() == 0.0  # inside: the paper's window
-    naive = load_config("cpu_demo", ["hacpo.cross_window=adaptive", "hacpo.algorithm=naive"])
-    assert stages.cross_centers(tracker, naive) is None  # only HACPO's cross term has the window
+    naive = algorithm("hacpo.cross_window=adaptive", "hacpo.algorithm=naive")
+    assert naive.cross_centers(tracker) is None  # only HACPO's cross term has the window
+    before = tracker.state_dict()
+    naive.record_cross_statistics(tracker, {"llama/hacpo/cross_log_ratio_median/qwen3": -0.5}, ["llama", "qwen3"])
+    assert tracker.state_dict() == before  # nor records its statistics
 
 
 def test_gpu_projection_of_the_step():

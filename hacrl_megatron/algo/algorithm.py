@@ -1,0 +1,235 @@
+"""The training method of a run as one object (docs/algorithm.md §8; docs/architecture.md, "How to add
+an algorithm variant").
+
+:func:`build_algorithm` turns ``hacpo.*`` into an :class:`Algorithm` once per run. The trainer asks it
+what a step needs and never compares method names itself:
+
+* :attr:`Algorithm.passes`: the forward passes a step needs besides each source's Σ log π_old
+  (per-token old log-probs, the learner's π_old on the other agents' responses, ...);
+* :meth:`Algorithm.samples_per_prompt`: G, or 2G for the resource-equivalent GSPO×2;
+* :meth:`Algorithm.sources`: whose responses learner k trains on (all agents, or its own only);
+* :meth:`Algorithm.advantages`: A^(k) of those responses (eq. 6-7);
+* :meth:`Algorithm.cross_centers` / :meth:`Algorithm.record_cross_statistics`: the adaptive
+  window's per-pair state (§5b);
+* :meth:`Algorithm.loss_fn`: the learner's loss on a micro-batch.
+
+A new variant is a subclass here (or a new switch of an existing one) plus its config fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from hacrl_megatron.algo.advantages import capability_aware_advantages
+from hacrl_megatron.algo.capability import CapabilityTracker
+from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
+from hacrl_megatron.algo.hacpo import adaptive_center, hacpo_loss
+from hacrl_megatron.algo.inputs import LossInputs
+from hacrl_megatron.config import HACPOConfig
+
+PAIR_METRICS = ("cross_clipfrac", "cross_center", "cross_log_ratio_median")  # keyed by source index in hacpo.py
+
+
+class LogProbs(Protocol):
+    """The learner's log-probs of one micro-batch (``agents.batch.LogProbOutput``)."""
+
+    token_logps: torch.Tensor  # [N] response-token log π_θ, sequences concatenated
+    cu_seqlens: torch.Tensor  # [S + 1] int64 offsets of each sequence in token_logps
+    seq_logp_sum: torch.Tensor  # [S] Σ log π_θ per response
+    seq_len: torch.Tensor  # [S] int64 response tokens per sequence
+
+
+class UpdateInfo(Protocol):
+    """The mini-batch a micro-batch belongs to (``agents.batch.MiniBatchInfo``)."""
+
+    update_index: int  # m: optimizer updates this learner already made this step
+    num_sequences: int  # global sequences of the mini-batch
+    num_tokens: int  # global response tokens of the mini-batch
+
+
+LossFn = Callable[[LogProbs, LossInputs | None, UpdateInfo], tuple[torch.Tensor, dict[str, float]]]
+
+
+@dataclass(frozen=True)
+class StepPasses:
+    """Forward passes a step needs besides every source's Σ log π^(j)_old on its own responses.
+
+    source_token_logps: each source's per-token log π^(j)_old on its own responses (token-level
+        objectives: GRPO), carried to the loss as ``LossInputs.old_token_logp``.
+    learner_old_on_others: each learner's Σ log π^(k)_old over every other agent's responses in its
+        own tokens, before any update (one more pass per learner), carried as
+        ``LossInputs.learner_old_logp_sum`` (§5d).
+    """
+
+    source_token_logps: bool = False
+    learner_old_on_others: bool = False
+
+
+def _required(inputs: LossInputs | None) -> LossInputs:
+    if inputs is None:
+        raise ValueError("the RL loss needs the batch's loss_inputs (built by learner_batch); got None")
+    return inputs
+
+
+def name_pair_metrics(metrics: dict[str, float], names: list[str]) -> dict[str, float]:
+    """``cross_clipfrac/<j>/pos`` → ``cross_clipfrac/<name of agent j>/pos`` (and the other per-pair keys)."""
+    out = {}
+    for key, value in metrics.items():
+        head, sep, rest = key.partition("/")
+        if sep and head in PAIR_METRICS:
+            index, _, tail = rest.partition("/")
+            key = "/".join(p for p in (head, names[int(index)], tail) if p)
+        out[key] = value
+    return out
+
+
+class Algorithm:
+    """A sequence-level method: HACPO and its ablations and cross-term variants, GSPO, GSPO×2, Naive.
+
+    Args:
+        cfg: the run's ``hacpo`` section (validated).
+        num_agents: n, the agents in config order.
+    """
+
+    passes = StepPasses()
+    shares_rollouts = True  # learn from every agent's responses (False: from its own only)
+    rollout_multiplier = 1  # samples per prompt = multiplier × rollout.samples_per_prompt
+    capability_aware = True  # eq. 6's ω-weighted baseline (False: a plain mean over the pool)
+    has_cross_window = True  # cross samples under HACPO's window, so the adaptive centre applies (§5b)
+
+    def __init__(self, cfg: HACPOConfig, num_agents: int) -> None:
+        self.cfg = cfg
+        self.num_agents = num_agents
+
+    @property
+    def name(self) -> str:
+        return self.cfg.algorithm
+
+    def samples_per_prompt(self, g: int) -> int:
+        """Responses each agent samples per prompt, given ``rollout.samples_per_prompt`` = G."""
+        return self.rollout_multiplier * g
+
+    def sources(self, learner: int) -> list[int]:
+        """Agent indices (config order) whose responses learner ``learner`` trains on."""
+        return list(range(self.num_agents)) if self.shares_rollouts else [learner]
+
+    def advantages(self, rewards: torch.Tensor, learner: int, omega: torch.Tensor) -> torch.Tensor:
+        """A^(k) [P, len(sources), G] (in the dtype of ``rewards``) of the learner's sources' responses (eq. 6-7).
+
+        ``rewards``: [P, n, G] of all agents; ``omega``: [n, n] ω from the capability tracker (eq. 9).
+        """
+        h = self.cfg
+        if self.shares_rollouts:
+            rewards, position, omega_used = rewards, learner, omega
+        else:
+            rewards, position = rewards[:, learner: learner + 1], 0
+            omega_used = torch.ones(1, 1, dtype=torch.float64)
+        return capability_aware_advantages(
+            rewards, position, omega_used, capability_aware=self.capability_aware and h.capability_aware_advantage,
+            uniform_guard=h.uniform_guard, baseline_guard=h.baseline_guard, max_reward=h.max_reward)
+
+    @property
+    def uses_adaptive_window(self) -> bool:
+        return self.has_cross_window and self.cfg.cross_window != "fixed"
+
+    def cross_centers(self, tracker: CapabilityTracker) -> torch.Tensor | None:
+        """c[k, j] [n, n] float64, the adaptive window's centre of every learner-source pair from the
+        tracker's running medians (§5b); None for the fixed window or a method without a cross window."""
+        if not self.uses_adaptive_window:
+            return None
+        n = self.num_agents
+        return torch.tensor([[0.0 if k == j else adaptive_center(tracker.median_log_ratio(k, j), self.cfg)
+                              for j in range(n)] for k in range(n)], dtype=torch.float64)
+
+    def record_cross_statistics(self, tracker: CapabilityTracker, metrics: dict[str, float], names: list[str]) -> None:
+        """Feed this step's per-pair median log s (``<k>/hacpo/cross_log_ratio_median/<j>``, the mean over
+        the step's micro-batches) into the tracker's running window; pairs without cross samples are skipped."""
+        if not self.uses_adaptive_window:
+            return
+        for k, learner in enumerate(names):
+            for j, source in enumerate(names):
+                value = metrics.get(f"{learner}/hacpo/cross_log_ratio_median/{source}")
+                if k != j and value is not None:
+                    tracker.record_log_ratio(k, j, value)
+
+    def loss_fn(self, names: list[str]) -> LossFn:
+        """The learner's loss on a micro-batch: −Σ J / global #sequences and its metrics (§7), per-pair
+        metric keys named after the agents ``names`` (config order)."""
+        cfg = self.cfg
+
+        def sequence_loss(out: LogProbs, inputs: LossInputs | None,
+                          info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = hacpo_loss(out.seq_logp_sum, out.seq_len, _required(inputs), info.update_index, cfg,
+                                       num_sequences=info.num_sequences)
+            return loss, name_pair_metrics(metrics, names)
+
+        return sequence_loss
+
+
+class HACPO(Algorithm):
+    """HACPO (eq. 6-14) with its ablations and cross-term variants (§5a-5d, §8)."""
+
+    def __init__(self, cfg: HACPOConfig, num_agents: int) -> None:
+        super().__init__(cfg, num_agents)
+        # §5d: the proximal ratio of a cross sample needs the learner's own π_old on it
+        self.passes = StepPasses(learner_old_on_others=cfg.cross_clip_mode == "decoupled")
+
+
+class Naive(Algorithm):
+    """Shared rollouts, a plain mean baseline, GSPO's clip on every sequence with its author's π_old (§8)."""
+
+    capability_aware = False
+    has_cross_window = False
+
+
+class GSPO(Algorithm):
+    """Each agent alone on its own G responses (GSPO)."""
+
+    shares_rollouts = False
+    has_cross_window = False
+
+
+class GSPOx2(GSPO):
+    """GSPO with 2G responses per prompt: the resource-equivalent baseline (§8)."""
+
+    rollout_multiplier = 2
+
+
+class GRPO(Algorithm):
+    """Each agent alone with GRPO's token-level clipped objective (§8); needs per-token log π_old."""
+
+    shares_rollouts = False
+    has_cross_window = False
+    passes = StepPasses(source_token_logps=True)
+
+    def loss_fn(self, names: list[str]) -> LossFn:
+        cfg = self.cfg
+
+        def grpo_loss(out: LogProbs, inputs: LossInputs | None,
+                      info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
+            inputs = _required(inputs)
+            if inputs.old_token_logp is None:
+                raise ValueError("GRPO's loss needs LossInputs.old_token_logp (the per-token log π_old)")
+            old = torch.cat([inputs.old_token_logp[i, :n] for i, n in enumerate(out.seq_len.tolist())])
+            token_adv = broadcast_to_tokens(inputs.advantages, out.cu_seqlens)
+            return grpo_token_loss(out.token_logps, old, token_adv, clip_low=cfg.grpo_clip_low,
+                                   clip_high=cfg.grpo_clip_high, num_tokens=info.num_tokens)
+
+        return grpo_loss
+
+
+METHODS: dict[str, type[Algorithm]] = {"hacpo": HACPO, "naive": Naive, "gspo": GSPO, "gspo_x2": GSPOx2,
+                                       "grpo": GRPO}
+
+
+def build_algorithm(cfg: HACPOConfig, num_agents: int) -> Algorithm:
+    """The :class:`Algorithm` of ``hacpo.algorithm`` for ``num_agents`` agents."""
+    try:
+        method = METHODS[cfg.algorithm]
+    except KeyError:
+        raise ValueError(f"hacpo.algorithm={cfg.algorithm!r}: one of {sorted(METHODS)}") from None
+    return method(cfg, num_agents)
