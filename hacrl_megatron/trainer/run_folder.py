@@ -6,12 +6,20 @@ the pid and host written into the file only name the holder in the refusal messa
 still naming a process when its lock is free is reported as stale and taken over. On a
 filesystem without ``flock`` the pid/host are checked instead (a dead pid on this host is stale).
 
-**Identity.** ``<output_dir>/run.json`` holds the run's resolved configuration. A new run into a
-folder that already holds a run (``metrics.jsonl``, checkpoints, ``final/``, ``tensorboard/``)
-refuses unless ``checkpoint.resume=true`` and every field that shapes the weights or the data
-agrees with the saved one; fields matching :data:`MAY_CHANGE_ON_RESUME` (run length, logging,
-evaluation, checkpointing, process layout and throughput knobs) may differ. Refusals raise
-:class:`RunFolderError` (the CLI exits with status 2).
+**Identity.** ``run.json`` in each folder a run writes (``output_dir``, and ``checkpoint.dir`` when
+it lies outside) holds the run's id, the folder's role (``output`` or ``checkpoints``) and the
+resolved configuration. Every such folder is claimed by the same rules:
+
+- a new run refuses a folder that holds a run (``metrics.jsonl``, ``final/``, ``tensorboard/``,
+  checkpoints in it or in its ``checkpoints/``) and any folder inside another run's folder;
+- ``checkpoint.resume=true`` continues only the same run, in the same role (another run's output
+  folder is never taken as a checkpoint folder), and only when every field that shapes the weights
+  or the data agrees; fields matching :data:`MAY_CHANGE_ON_RESUME` (run length, logging,
+  evaluation, checkpointing, process layout and throughput knobs) may differ;
+- a ``run.json`` is rewritten only by its own run, or where its run left nothing to lose.
+
+Refusals raise :class:`RunFolderError` (the CLI exits with status 2). Before any of this, every path
+the run writes is checked (:func:`check_output_paths`).
 """
 
 from __future__ import annotations
@@ -23,18 +31,29 @@ import json
 import logging
 import os
 import socket
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.durable import write_durably
+from hacrl_megatron.outputs import (
+    CHECKPOINT_ROLE,
+    OUTPUT_ROLE,
+    RUN_CONTENT,
+    RUN_FILE,
+    OutputPathError,
+    check_dir,
+    check_file,
+    read_run_record,
+    record_role,
+    run_owner,
+)
+from hacrl_megatron.paths import CACHE_ENV, default_cache_dir
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = ".hacrl.lock"
-RUN_FILE = "run.json"
-# what a run that got to its first step leaves in output_dir (a run.json alone holds nothing to lose)
-RUN_CONTENT = ("metrics.jsonl", "final", "tensorboard")
 # configuration fields a resume may change: nothing here shapes the weights or the data
 MAY_CHANGE_ON_RESUME = (
     "name", "output_dir", "train.steps", "train.eval_every", "train.cpu_threads", "train.micro_batch_size",
@@ -181,62 +200,122 @@ def config_differences(saved: dict[str, Any], current: dict[str, Any]) -> list[s
     return diffs
 
 
-def _held_content(exp: Any) -> list[str]:
-    """What a previous run left: its files in the output folder and its checkpoints."""
-    out, ckpt = Path(exp.output_dir), checkpoint_dir(exp)
-    found = [name for name in RUN_CONTENT if (out / name).exists()]
-    steps = sorted(ckpt.glob("step-*")) if ckpt.is_dir() else []
-    if steps:
-        found.append(f"{len(steps)} checkpoint(s) in {ckpt}")
+def _run_folders(exp: Any) -> list[tuple[Path, str]]:
+    """(folder, role): the output folder, and the checkpoint folder when it lies outside it."""
+    out, ckpt = Path(exp.output_dir).resolve(), checkpoint_dir(exp).resolve()
+    return [(out, OUTPUT_ROLE)] if ckpt.is_relative_to(out) else [(out, OUTPUT_ROLE), (ckpt, CHECKPOINT_ROLE)]
+
+
+def _held_content(folder: Path, extra: Path | None = None) -> list[str]:
+    """What a run left in ``folder``: metrics, exports, checkpoints (in it, its ``checkpoints/``, ``extra``)."""
+    found = [name for name in RUN_CONTENT if (folder / name).exists()]
+    for where in dict.fromkeys(p for p in (folder, folder / "checkpoints", extra) if p is not None):
+        steps = sorted(where.glob("step-*")) if where.is_dir() else []
+        if steps:
+            found.append(f"{len(steps)} checkpoint(s) in {where}")
     return found
 
 
-def _run_folders(exp: Any) -> list[Path]:
-    """The output folder, and the checkpoint folder when it lies outside (both get a lock and run.json)."""
-    out, ckpt = Path(exp.output_dir).resolve(), checkpoint_dir(exp).resolve()
-    return [out] if ckpt.is_relative_to(out) else [out, ckpt]
+def check_output_paths(exp: Any) -> None:
+    """Every path the run writes is usable (:mod:`hacrl_megatron.outputs`): the output and checkpoint
+    folders, ``metrics.jsonl``, ``final/``, ``tensorboard/`` and, when the run uses it, ``$HACRL_CACHE``.
+    Raises :class:`~hacrl_megatron.outputs.OutputPathError` (exit 2) naming the path."""
+    out = check_dir(exp.output_dir, "output_dir")
+    check_dir(checkpoint_dir(exp), "checkpoint.dir" if exp.checkpoint.dir else "output_dir (its checkpoints/)")
+    if exp.log.jsonl:
+        check_file(out / "metrics.jsonl", "output_dir's metrics file")
+    for name, used in (("final", True), ("tensorboard", exp.log.tensorboard)):
+        if used:
+            check_dir(out / name, f"output_dir's {name}/")
+    if uses_cache(exp):
+        check_dir(default_cache_dir(), f"the cache (${CACHE_ENV})")
 
 
-def check_run_folder(exp: Any) -> None:
-    """Raise :class:`RunFolderError` unless ``exp`` may start or continue in its output folder."""
-    out, held = Path(exp.output_dir), _held_content(exp)
-    if not held:
-        return
+def uses_cache(exp: Any) -> bool:
+    """Whether the run writes into the cache: built-in tokenizers, SmolLM2's conversion, warm-ups."""
+    from hacrl_megatron.exchange.tokenizers import BUILTIN_TOKENIZERS
+
+    return any(a.tokenizer in BUILTIN_TOKENIZERS or a.model.hf_path == "smollm2" for a in exp.agents) or (
+        exp.train.sft_warmup and any(a.init_checkpoint is None and a.model.hf_path is None for a in exp.agents))
+
+
+def _check_not_inside_another_run(folders: list[tuple[Path, str]]) -> None:
+    claimed = {f for f, _ in folders}
+    for folder, _ in folders:
+        owner = run_owner(folder.parent)
+        if owner is not None and owner[0] not in claimed:
+            raise RunFolderError(f"{folder} lies inside {owner[0]}, a folder of another run ({owner[0] / RUN_FILE}): "
+                                 "a run writes only into folders of its own; choose one outside it")
+
+
+def check_run_folder(exp: Any) -> str:
+    """Raise :class:`RunFolderError` unless ``exp`` may start or continue in its folders; returns the
+    run's id (a new one, or on a resume the id of the run it continues)."""
+    folders = _run_folders(exp)
+    ckpt = checkpoint_dir(exp).resolve()
+    held = {f: _held_content(f, ckpt if ckpt.is_relative_to(f) else None) for f, _ in folders}
     if not exp.checkpoint.resume:
+        for folder, found in held.items():
+            if found:
+                raise RunFolderError(
+                    f"{folder} already holds a run ({', '.join(found)}); continue it with checkpoint.resume=true "
+                    "(same configuration), or choose another output_dir" + ("" if folder == folders[0][0] else
+                                                                            " and checkpoint.dir"))
+        return uuid.uuid4().hex
+    records = {f: read_run_record(f) for f, _ in folders}
+    ids = [r["run_id"] for r in records.values() if r and r.get("run_id")]
+    run_id = ids[0] if ids else uuid.uuid4().hex
+    if not any(records.values()) and any(held.values()):
+        logger.warning("%s: no %s (written by an older version): the configuration cannot be compared",
+                       folders[0][0], RUN_FILE)
+    for folder, role in folders:
+        if records[folder] is not None:
+            _check_same_run(folder, role, records[folder], run_id, exp, bool(held[folder]))
+    return run_id
+
+
+def _check_same_run(folder: Path, role: str, saved: dict, run_id: str, exp: Any, holds: bool) -> None:
+    """A resume continues the run recorded in ``folder`` only as that run, in the same role (a folder
+    holding nothing of its recorded run has nothing to continue: its record is replaced)."""
+    if not holds:
+        return
+    saved_role = record_role(folder, saved)
+    if saved_role != role:
+        raise RunFolderError(f"cannot resume in {folder}: it is the {saved_role} folder of a run ({folder / RUN_FILE}), "
+                             f"and this run would use it as its {role} folder; choose another "
+                             + ("output_dir" if role == OUTPUT_ROLE else "checkpoint.dir"))
+    if saved.get("run_id") not in (None, run_id):
+        raise RunFolderError(f"cannot resume in {folder}: it holds another run ({folder / RUN_FILE}, run_id "
+                             f"{saved['run_id']}) than the one this resume continues ({run_id})")
+    try:
+        diffs = config_differences(saved["config"], exp.to_dict())
+    except (KeyError, TypeError, AttributeError) as err:
+        raise RunFolderError(f"{folder / RUN_FILE}: unreadable run record ({err!r}); cannot check that the resume "
+                             "continues the same run") from err
+    if diffs:
         raise RunFolderError(
-            f"{out} already holds a run ({', '.join(held)}); continue it with checkpoint.resume=true "
-            "(same configuration), or choose another output_dir")
-    run_files = [f / RUN_FILE for f in _run_folders(exp) if (f / RUN_FILE).exists()]
-    if not run_files:
-        logger.warning("%s: no %s (written by an older version): the configuration cannot be compared", out, RUN_FILE)
-    for run_file in run_files:
-        try:
-            saved = json.loads(run_file.read_text())["config"]
-        except (OSError, ValueError, KeyError, TypeError) as err:
-            raise RunFolderError(f"{run_file}: unreadable run record ({err}); cannot check that the resume "
-                                 "continues the same run") from err
-        diffs = config_differences(saved, exp.to_dict())
-        if diffs:
-            raise RunFolderError(
-                f"cannot resume the run in {run_file.parent}: these fields differ from its {RUN_FILE} and shape "
-                f"the weights or the data: {'; '.join(diffs)} (a resume may change run length, logging, "
-                "evaluation, checkpointing and layout only)")
+            f"cannot resume the run in {folder}: these fields differ from its {RUN_FILE} and shape "
+            f"the weights or the data: {'; '.join(diffs)} (a resume may change run length, logging, "
+            "evaluation, checkpointing and layout only)")
 
 
-def record_run(exp: Any) -> None:
-    """Write (or, on a resume, update) ``run.json`` in the run's folders with ``exp``'s configuration."""
+def record_run(exp: Any, run_id: str) -> None:
+    """Write (or, on a resume, update) ``run.json`` in the run's folders: its id, the folder's role,
+    ``exp``'s configuration and the list of starts. A record of another run is replaced only where
+    :func:`check_run_folder` found nothing of it to lose."""
     start = {"time": datetime.datetime.now().isoformat(timespec="seconds"), "host": socket.gethostname(),
              "pid": os.getpid(), "resume": bool(exp.checkpoint.resume)}
-    for folder in _run_folders(exp):
-        path = folder / RUN_FILE
-        record: dict[str, Any] = {"config": exp.to_dict(), "starts": []}
-        if path.exists():
-            try:
-                record["starts"] = list(json.loads(path.read_text()).get("starts", []))
-            except (OSError, ValueError, AttributeError, TypeError):
-                pass
+    for folder, role in _run_folders(exp):
+        record: dict[str, Any] = {"run_id": run_id, "role": role, "config": exp.to_dict(), "starts": []}
+        try:
+            saved = read_run_record(folder)
+        except OutputPathError:
+            saved = None
+        if saved is not None and saved.get("run_id") in (None, run_id):
+            starts = saved.get("starts", [])
+            record["starts"] = list(starts) if isinstance(starts, list) else []
         record["starts"].append(start)
-        write_durably(path, json.dumps(record, indent=1, default=str) + "\n")
+        write_durably(folder / RUN_FILE, json.dumps(record, indent=1, default=str) + "\n")
 
 
 @dataclass
@@ -244,6 +323,7 @@ class RunFolder:
     """The claimed folders of one run (output folder, and the checkpoint folder when outside it)."""
 
     locks: list[FolderLock] = field(default_factory=list)
+    run_id: str = ""
 
     def release(self) -> None:
         for lock in reversed(self.locks):
@@ -258,19 +338,22 @@ class RunFolder:
 
 
 def claim_run_folder(exp: Any) -> RunFolder:
-    """Lock ``exp``'s folders, check it may use them, record the run; call before any work.
+    """Check every output path, lock ``exp``'s folders, check it may use them, record the run; call
+    before any work.
 
-    Raises :class:`RunFolderError` (nothing locked) when another run holds a folder or the folder
-    holds a run this one may not continue.
+    Raises :class:`~hacrl_megatron.outputs.OutputPathError` for a path that cannot be written and
+    :class:`RunFolderError` (nothing locked) when another run holds a folder, the folder holds a run
+    this one may not continue, or a folder lies inside another run's folder.
     """
+    check_output_paths(exp)
+    _check_not_inside_another_run(_run_folders(exp))  # before the locks create any folder
     claimed = RunFolder()
     try:
-        for folder in _run_folders(exp):
+        for folder, _ in _run_folders(exp):
             claimed.locks.append(FolderLock.acquire(folder))
-        check_run_folder(exp)
-        record_run(exp)
+        claimed.run_id = check_run_folder(exp)
+        record_run(exp, claimed.run_id)
     except BaseException:
         claimed.release()
         raise
     return claimed
-

@@ -1,6 +1,7 @@
 """One run per output folder: a second run refuses (exit 2, folder named) instead of pruning the
 first run's checkpoints; a resume continues only with an agreeing config; a live run's lock blocks
-another, a dead run's lock does not."""
+another, a dead run's lock does not; every folder a run writes (output_dir, checkpoint.dir) is
+claimed by the same rule and a run's identity (run.json) is never overwritten by another run."""
 
 from __future__ import annotations
 
@@ -181,3 +182,53 @@ def test_without_flock_a_live_pid_refuses_and_a_dead_pid_is_stale(tmp_path, monk
     (folder / LOCK_FILE).write_text("pid 1 host some-other-host since x\n")
     with pytest.raises(RunFolderError, match="if that run is gone, delete"):
         FolderLock.acquire(folder)
+
+
+# -- issue 25 item 1: checkpoint.dir and output_dir never take over another run's folder ---------------
+
+
+def test_checkpoint_dir_at_another_runs_output_folder_is_refused_and_that_run_still_resumes(finished_run, tmp_path,
+                                                                                          capsys):
+    exp, preset = finished_run
+    first = Path(exp.output_dir)
+    before = snapshot(first)
+    other = tmp_path / "other"
+    capsys.readouterr()
+    assert main(["train", "--preset", preset, f"output_dir={other}", f"checkpoint.dir={first}", "train.seed=5"]) == 2
+    assert f"{first.resolve()} already holds a run (metrics.jsonl, final, 2 checkpoint(s) in" in capsys.readouterr().err
+    assert main(["train", "--preset", preset, f"output_dir={other}", f"checkpoint.dir={first}", "train.seed=5",
+                 "checkpoint.resume=true"]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot resume in {first.resolve()}: it is the output folder of a run" in err
+    assert snapshot(first) == before  # run.json (the first run's identity) and everything else untouched
+    assert main(["train", "--preset", preset, "checkpoint.resume=true", "train.steps=5"]) == 0
+    assert "resumed from step 4 (" in capsys.readouterr().err
+
+
+def test_checkpoint_dir_inside_another_runs_folder_is_refused_also_on_a_resume(finished_run, tmp_path, capsys):
+    exp, preset = finished_run
+    first = Path(exp.output_dir).resolve()
+    before = snapshot(first)
+    capsys.readouterr()
+    for extra in ([], ["checkpoint.resume=true"]):
+        assert main(["train", "--preset", preset, f"output_dir={tmp_path / 'other'}",
+                     f"checkpoint.dir={first / 'checkpoints'}", *extra]) == 2
+        assert (f"{first / 'checkpoints'} lies inside {first}, a folder of another run ({first / 'run.json'})"
+                in capsys.readouterr().err)
+    assert main(["train", "--preset", preset, f"output_dir={first / 'sub'}"]) == 2
+    assert f"{first / 'sub'} lies inside {first}, a folder of another run" in capsys.readouterr().err
+    assert snapshot(first) == before and not (first / "sub").exists()
+
+
+def test_run_record_holds_the_run_id_and_role_and_a_resume_keeps_them(tmp_path):
+    exp = tiny(tmp_path, steps=1, every=1, checkpoint={"dir": str(tmp_path / "ckpts")})
+    loop.train(exp)
+    out, ckpts = (json.loads((p / "run.json").read_text()) for p in (Path(exp.output_dir), tmp_path / "ckpts"))
+    assert (out["role"], ckpts["role"]) == ("output", "checkpoints") and out["run_id"] == ckpts["run_id"]
+    assert len(out["run_id"]) == 32
+    loop.train(exp_with(exp, train={"steps": 2}, checkpoint={"resume": True}))
+    again = json.loads((Path(exp.output_dir) / "run.json").read_text())
+    assert again["run_id"] == out["run_id"] and [s["resume"] for s in again["starts"]] == [False, True]
+    # another run may reuse the checkpoints of this one only as a resume of the same run
+    with pytest.raises(RunFolderError, match=r"tmp.*ckpts already holds a run \(2 checkpoint\(s\)"):
+        claim_run_folder(exp_with(tiny(tmp_path / "b", checkpoint={"dir": str(tmp_path / "ckpts")})))
