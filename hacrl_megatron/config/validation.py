@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
 from hacrl_megatron.config.schema import (
     ALGORITHMS,
     ARCHS,
@@ -16,6 +17,7 @@ from hacrl_megatron.config.schema import (
     DTYPES,
     ENGINES,
     EOS_MODES,
+    MOE_ARCHS,
     RECOMPUTE,
     SGLANG_PYTHON_ENV,
     WEIGHT_SYNC_MODES,
@@ -56,13 +58,17 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
           f"must be divisible by num_heads={m.num_heads}")
     _rule(m.num_heads % m.num_kv_heads == 0, f"{path}.model.num_kv_heads", m.num_kv_heads,
           f"must divide num_heads={m.num_heads}")
-    for name in ("tp", "pp", "dp"):
+    for name in ("tp", "pp", "dp", "ep", "etp"):
         _rule(getattr(p, name) >= 1, f"{path}.parallel.{name}", getattr(p, name), "must be >= 1")
     if m.hf_path is None:  # for HF models the provider checks against the real config
         _rule(m.num_heads % p.tp == 0, f"{path}.parallel.tp", p.tp, f"must divide num_heads={m.num_heads}")
         _rule(m.num_kv_heads % p.tp == 0, f"{path}.parallel.tp", p.tp,
               f"must divide num_kv_heads={m.num_kv_heads}")
-        _rule(m.num_layers % p.pp == 0, f"{path}.parallel.pp", p.pp, f"must divide num_layers={m.num_layers}")
+        try:
+            pipeline_layers(m.num_layers, p.pp)
+        except LayoutError as err:
+            raise ConfigError(f"{path}.parallel.pp={p.pp!r}: {err}") from None
+    validate_moe(agent_cfg, path)
     _rule(agent_cfg.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent_cfg.workers,
           f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
           "(local agents share the controller's single process)")
@@ -74,6 +80,45 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
     _rule(agent_cfg.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent_cfg.warmup_sft_max_steps, "must be >= 1")
     _rule(agent_cfg.name.isidentifier(), f"{path}.name", agent_cfg.name,
           "must be an identifier (letters, digits, _), it names metric keys and folders")
+
+
+def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
+    """The Mixture-of-Experts fields and the expert layout (ep, etp) of one agent."""
+    m, p = agent_cfg.model, agent_cfg.parallel
+    moe = m.arch in MOE_ARCHS
+    try:
+        expert_data_parallel(p.tp, p.dp, p.ep, p.etp)
+    except LayoutError as err:
+        raise ConfigError(f"{path}.parallel.ep={p.ep!r}: {err}") from None
+    _rule(moe or (p.ep, p.etp) == (1, 1), f"{path}.parallel.ep", (p.ep, p.etp),
+          f"expert parallelism (ep, etp) needs a Mixture-of-Experts arch {list(MOE_ARCHS)}, model.arch={m.arch!r}")
+    _rule(not moe or p.tp == 1 or p.sequence_parallel, f"{path}.parallel.sequence_parallel", p.sequence_parallel,
+          f"MoE layers with tp={p.tp} > 1 need sequence parallelism (megatron-core routes each rank's slice of "
+          "the sequence): set parallel.sequence_parallel: true")
+    for name in ("moe_aux_loss_coeff", "moe_z_loss_coeff"):
+        _rule(getattr(m, name) >= 0, f"{path}.model.{name}", getattr(m, name), "must be >= 0")
+    _rule(moe or not m.moe_routing_replay, f"{path}.model.moe_routing_replay", True,
+          f"routing replay needs a Mixture-of-Experts arch {list(MOE_ARCHS)}, model.arch={m.arch!r}")
+    _rule(agent_cfg.backend == "megatron" or not moe, f"{path}.backend", agent_cfg.backend,
+          "Mixture-of-Experts agents train with backend: megatron")
+    if m.hf_path is not None:  # sizes come from the HF config: the provider checks them against the layout
+        return
+    if not moe:
+        _rule(m.num_experts == 0, f"{path}.model.num_experts", m.num_experts,
+              f"must be 0 for the dense arch {m.arch!r} (MoE archs: {list(MOE_ARCHS)})")
+        return
+    _rule(m.num_experts >= 2, f"{path}.model.num_experts", m.num_experts, f"an MoE arch ({m.arch}) needs >= 2 experts")
+    _rule(1 <= m.moe_topk <= m.num_experts, f"{path}.model.moe_topk", m.moe_topk,
+          f"must lie in [1, num_experts={m.num_experts}]")
+    _rule(m.num_experts % p.ep == 0, f"{path}.parallel.ep", p.ep, f"must divide model.num_experts={m.num_experts}")
+    width = m.moe_ffn_hidden_size or m.ffn_hidden_size
+    _rule(m.moe_ffn_hidden_size >= 0, f"{path}.model.moe_ffn_hidden_size", m.moe_ffn_hidden_size, "must be >= 0")
+    _rule(width % p.etp == 0, f"{path}.parallel.etp", p.etp, f"must divide the expert FFN width {width}")
+    shared = m.shared_expert_ffn_hidden_size
+    _rule(shared == 0 or m.arch == "qwen2_moe", f"{path}.model.shared_expert_ffn_hidden_size", shared,
+          f"a shared expert is part of qwen2_moe only, model.arch={m.arch!r}")
+    _rule(shared % p.tp == 0 and shared >= 0, f"{path}.model.shared_expert_ffn_hidden_size", shared,
+          f"must be >= 0 and divisible by tp={p.tp} (the shared expert is tensor-parallel like a dense MLP)")
 
 
 def sglang_python(r: RolloutConfig) -> str:

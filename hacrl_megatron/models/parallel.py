@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hacrl_megatron.config.layout import LayoutError, expert_data_parallel
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.net import free_port  # noqa: F401  (re-exported: test worlds and tests import it from here)
 
@@ -57,6 +58,9 @@ class ParallelInfo:
     dp_rank: int
     world_size: int
     rank: int
+    ep: int = 1  # expert-parallel size (experts laid out over the tp·dp ranks of a stage)
+    etp: int = 1  # expert tensor-parallel size
+    ep_rank: int = 0
 
 
 INIT_FILE_ENV = "HACRL_DIST_INIT_FILE"
@@ -217,8 +221,13 @@ def require_megatron() -> None:
         raise ImportError(f"Megatron agents need megatron-core: {MEGATRON_HINT}") from err
 
 
-def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = None, seed: int = 0) -> ParallelInfo:
+def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = None, seed: int = 0,
+                  ep: int = 1, etp: int = 1) -> ParallelInfo:
     """Initialise torch.distributed and megatron's parallel state with explicit sizes.
+
+    ``ep``/``etp``: expert-parallel and expert tensor-parallel sizes of an MoE agent; the experts use
+    the same ``tp·dp`` ranks of each stage as attention (``ep·etp`` must divide ``tp·dp``), so the
+    world stays ``tp·pp·dp`` ranks.
 
     ``backend``: "gloo" (CPU) or "nccl" (GPU); default: nccl when CUDA is available.
     ``seed``: megatron's ``model_parallel_cuda_manual_seed`` (TP-rank-dependent dropout RNG); on CPU
@@ -246,16 +255,22 @@ def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = N
             f"world size {world} != tp*pp*dp = {tp}*{pp}*{dp}; an agent with tp/pp/dp > 1 must be launched in its "
             "own world (torchrun / mp.spawn with that many processes)"
         )
+    try:
+        expert_data_parallel(tp, dp, ep, etp)
+    except LayoutError as err:
+        raise ParallelStateError(str(err)) from None
     if mpu.model_parallel_is_initialized():
         have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
-                mpu.get_data_parallel_world_size())
-        if have != (tp, pp, dp):
+                mpu.get_data_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
+                mpu.get_expert_tensor_parallel_world_size())
+        if have != (tp, pp, dp, ep, etp):
             raise ParallelStateError(
-                f"megatron parallel state already initialised with tp, pp, dp = {have}; this process cannot also "
-                f"host an agent with {(tp, pp, dp)} (one Megatron layout per process)"
+                f"megatron parallel state already initialised with tp, pp, dp, ep, etp = {have}; this process cannot "
+                f"also host an agent with {(tp, pp, dp, ep, etp)} (one Megatron layout per process)"
             )
     else:
-        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)
+        mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
+                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return parallel_info()
 
@@ -274,6 +289,9 @@ def parallel_info() -> ParallelInfo:
         dp_rank=mpu.get_data_parallel_rank(),
         world_size=dist.get_world_size(),
         rank=dist.get_rank(),
+        ep=mpu.get_expert_model_parallel_world_size(),
+        etp=mpu.get_expert_tensor_parallel_world_size(),
+        ep_rank=mpu.get_expert_model_parallel_rank(),
     )
 
 

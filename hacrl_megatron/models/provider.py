@@ -1,7 +1,7 @@
-"""HF config → megatron-core ``GPTModel`` for the dense decoder families HACRL trains.
+"""HF config → megatron-core ``GPTModel`` for the decoder families HACRL trains, dense and MoE.
 
-One path: :func:`arch_from_hf` reads an HF ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config`` into
-an :class:`ArchSpec`; our :class:`hacrl_megatron.config.ModelConfig` first becomes an HF config
+One path: :func:`arch_from_hf` reads an HF ``LlamaConfig`` / ``Qwen2Config`` / ``Qwen3Config`` (or one
+of the MoE configs of :mod:`hacrl_megatron.models.moe`) into an :class:`ArchSpec`; our :class:`hacrl_megatron.config.ModelConfig` first becomes an HF config
 (:func:`hf_config_from_model_config`) and then takes the same path. :func:`build_gpt_model` makes
 the Megatron model for one pipeline stage of one tensor-parallel rank.
 
@@ -9,10 +9,14 @@ Family differences handled here (everything else is shared: RMSNorm, SwiGLU, RoP
 
 * qwen2: bias on the fused QKV projection (``add_qkv_bias``);
 * qwen3: per-head RMSNorm on queries and keys (``qk_layernorm``), explicit ``head_dim``;
-* llama: optional llama3 RoPE scaling (Llama-3.x checkpoints).
+* llama: optional llama3 RoPE scaling (Llama-3.x checkpoints);
+* qwen3_moe / mixtral / qwen2_moe: the attention of qwen3 / llama / qwen2 with routed experts in
+  every layer (qwen2_moe adds a sigmoid-gated shared expert), :mod:`hacrl_megatron.models.moe`.
 
 Layer spec: Transformer Engine's when TE imports and CUDA is present, else megatron-core's local
-spec (the only one that runs on CPU, docs/measured.md §2).
+spec (the only one that runs on CPU, docs/measured.md §2) with a sequence-parallel-capable RMSNorm
+(:mod:`hacrl_megatron.models.local_spec`). Pipeline stages may hold uneven layer counts
+(:func:`hacrl_megatron.config.layout.pipeline_layers`).
 """
 
 from __future__ import annotations
@@ -25,7 +29,17 @@ from typing import Any
 
 import torch
 
-ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+from hacrl_megatron.config.layout import LayoutError, pipeline_layers, uneven_stage_sizes
+from hacrl_megatron.models.moe import (
+    ATTENTION_OF,
+    MOE_MODEL_TYPES,
+    MoESettings,
+    hf_moe_config,
+    moe_fields_from_hf,
+    moe_transformer_kwargs,
+)
+
+ARCH_BY_MODEL_TYPE = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", **MOE_MODEL_TYPES}
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RECOMPUTE = ("none", "selective", "full")
 
@@ -62,6 +76,16 @@ class ArchSpec:
     rope_scaling_factor: float | None = None  # llama3-style RoPE scaling, None = off
     dtype: str = "float32"
     hf_architecture: str = field(default="", compare=False)
+    # Mixture of Experts (0 experts: dense); every layer is an MoE layer
+    num_experts: int = 0
+    moe_topk: int = 0
+    moe_ffn_hidden_size: int = 0  # each routed expert's SwiGLU width
+    shared_expert_ffn_hidden_size: int = 0  # qwen2_moe's shared expert (0: none)
+    norm_topk_prob: bool = True  # top-k probabilities renormalised (megatron: moe_router_pre_softmax=False)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     def padded_vocab_size(self, tp: int, divisible_by: int = 1) -> int:
         """Rows of Megatron's (vocab-parallel) embedding: the HF vocab rounded up to a multiple of
@@ -75,11 +99,24 @@ class ArchSpec:
         """Parameter count as HF reports it (unpadded vocab; tied embeddings counted once)."""
         h, d, f = self.hidden_size, self.head_dim, self.ffn_hidden_size
         q, kv = self.num_heads * d, self.num_kv_heads * d
-        layer = 2 * h + h * (q + 2 * kv) + q * h + 3 * h * f
+        layer = 2 * h + h * (q + 2 * kv) + q * h + (self.moe_layer_mlp_params() if self.is_moe else 3 * h * f)
         layer += (q + 2 * kv) if self.qkv_bias else 0
         layer += 2 * d if self.qk_norm else 0
         embed = self.vocab_size * h * (1 if self.tie_embeddings else 2)
         return embed + h + self.num_layers * layer
+
+    def moe_layer_mlp_params(self) -> int:
+        """An MoE layer's MLP as HF counts it: router ``E·h``, experts ``E·3·h·f_e``, shared expert
+        ``3·h·f_s`` and its gate ``h``."""
+        h, e, fs = self.hidden_size, self.num_experts, self.shared_expert_ffn_hidden_size
+        return e * h + e * 3 * h * self.moe_ffn_hidden_size + (3 * h * fs + h if fs else 0)
+
+    def active_parameters(self) -> int:
+        """Parameters one token passes through (MoE: the top-k experts instead of all), HF counting."""
+        if not self.is_moe:
+            return self.num_parameters()
+        h, e, k = self.hidden_size, self.num_experts, self.moe_topk
+        return self.num_parameters() - self.num_layers * (e - k) * 3 * h * self.moe_ffn_hidden_size
 
 
 # --------------------------------------------------------------------------------------------
@@ -117,12 +154,13 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
             f"model_type={model_type!r} (architectures={archs}) is not supported; supported: {sorted(ARCH_BY_MODEL_TYPE)}"
         )
     arch = ARCH_BY_MODEL_TYPE[model_type]
+    attention = ATTENTION_OF.get(arch, arch)  # the dense family whose attention an MoE family uses
     if getattr(cfg, "mlp_bias", False):
         raise UnsupportedModelError(f"{model_type}: mlp_bias=True is not supported")
-    if arch == "llama" and getattr(cfg, "attention_bias", False):
-        raise UnsupportedModelError("llama: attention_bias=True (bias on o_proj too) is not supported")
-    if arch == "qwen3" and getattr(cfg, "attention_bias", False):
-        raise UnsupportedModelError("qwen3: attention_bias=True is not supported")
+    if attention == "llama" and getattr(cfg, "attention_bias", False):
+        raise UnsupportedModelError(f"{arch}: attention_bias=True (bias on o_proj too) is not supported")
+    if attention == "qwen3" and getattr(cfg, "attention_bias", False):
+        raise UnsupportedModelError(f"{arch}: attention_bias=True is not supported")
     if getattr(cfg, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(f"{model_type}: hidden_act={cfg.hidden_act!r} is not supported (SwiGLU needs 'silu')")
     if getattr(cfg, "use_sliding_window", False):
@@ -131,6 +169,7 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
     torch_dtype = dtype or _dtype_name(getattr(cfg, "dtype", None))
+    moe = moe_fields_from_hf(cfg, arch, UnsupportedModelError) if arch in MOE_MODEL_TYPES else {}
     return ArchSpec(
         arch=arch,
         hidden_size=cfg.hidden_size,
@@ -144,11 +183,12 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
         rope_theta=float(rope.get("rope_theta", 10000.0)),
         rms_norm_eps=float(cfg.rms_norm_eps),
         tie_embeddings=bool(getattr(cfg, "tie_word_embeddings", False)),
-        qkv_bias=arch == "qwen2",
-        qk_norm=arch == "qwen3",
-        rope_scaling_factor=_llama3_factor(cfg, rope) if arch == "llama" else None,
+        qkv_bias=attention == "qwen2",
+        qk_norm=attention == "qwen3",
+        rope_scaling_factor=_llama3_factor(cfg, rope) if attention == "llama" else None,
         dtype=torch_dtype,
         hf_architecture=(getattr(cfg, "architectures", None) or [""])[0],
+        **moe,
     )
 
 
@@ -167,8 +207,9 @@ def hf_config_from_model_config(model: Any, vocab_size: int | None = None) -> An
     if vocab is None:
         raise ValueError("model.vocab_size is None and no tokenizer vocab_size was given")
     classes = {"llama": "LlamaConfig", "qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}
-    if model.arch not in classes:
-        raise UnsupportedModelError(f"model.arch={model.arch!r} is not supported; supported: {sorted(classes)}")
+    if model.arch not in classes and model.arch not in MOE_MODEL_TYPES:
+        raise UnsupportedModelError(f"model.arch={model.arch!r} is not supported; supported: "
+                                    f"{sorted([*classes, *MOE_MODEL_TYPES])}")
     kwargs: dict[str, Any] = dict(
         vocab_size=int(vocab),
         hidden_size=model.hidden_size,
@@ -182,6 +223,10 @@ def hf_config_from_model_config(model: Any, vocab_size: int | None = None) -> An
         rope_theta=model.rope_theta,
         hidden_act="silu",
     )
+    if model.arch in MOE_MODEL_TYPES:
+        cfg = hf_moe_config(model, kwargs)
+        cfg.dtype = model.dtype
+        return cfg
     if model.arch == "qwen3":
         kwargs["head_dim"] = model.hidden_size // model.num_heads
     cfg = getattr(transformers, classes[model.arch])(**kwargs)
@@ -199,18 +244,33 @@ def arch_from_model_config(model: Any, vocab_size: int | None = None) -> ArchSpe
 # layout checks and the Megatron model
 
 
-def validate_layout(spec: ArchSpec, tp: int, pp: int) -> None:
-    """Raise :class:`ParallelLayoutError` naming the rule when TP/PP do not fit ``spec``."""
-    if tp < 1 or pp < 1:
-        raise ParallelLayoutError(f"tp={tp}, pp={pp}: sizes must be >= 1")
+def validate_layout(spec: ArchSpec, tp: int, pp: int, ep: int = 1, etp: int = 1) -> None:
+    """Raise :class:`ParallelLayoutError` naming the rule when TP/PP (and EP/ETP) do not fit ``spec``.
+
+    A pipeline split may be uneven (:func:`hacrl_megatron.config.layout.pipeline_layers`)."""
+    if min(tp, pp, ep, etp) < 1:
+        raise ParallelLayoutError(f"tp={tp}, pp={pp}, ep={ep}, etp={etp}: sizes must be >= 1")
     if spec.num_heads % tp:
         raise ParallelLayoutError(f"tp={tp} does not divide num_attention_heads={spec.num_heads} ({spec.arch})")
     if spec.num_kv_heads % tp:
         raise ParallelLayoutError(f"tp={tp} does not divide num_key_value_heads={spec.num_kv_heads} ({spec.arch})")
-    if spec.ffn_hidden_size % tp:
+    if not spec.is_moe and spec.ffn_hidden_size % tp:
         raise ParallelLayoutError(f"tp={tp} does not divide intermediate_size={spec.ffn_hidden_size}")
-    if spec.num_layers % pp:
-        raise ParallelLayoutError(f"pp={pp} does not divide num_hidden_layers={spec.num_layers}")
+    try:
+        pipeline_layers(spec.num_layers, pp)
+    except LayoutError as err:
+        raise ParallelLayoutError(f"{err} (num_hidden_layers of {spec.arch})") from None
+    if not spec.is_moe:
+        if (ep, etp) != (1, 1):
+            raise ParallelLayoutError(f"ep={ep}, etp={etp}: expert parallelism needs an MoE model, {spec.arch} is dense")
+        return
+    if spec.num_experts % ep:
+        raise ParallelLayoutError(f"ep={ep} does not divide num_experts={spec.num_experts} ({spec.arch})")
+    if spec.moe_ffn_hidden_size % etp:
+        raise ParallelLayoutError(f"etp={etp} does not divide the expert FFN width {spec.moe_ffn_hidden_size}")
+    if spec.shared_expert_ffn_hidden_size % tp:
+        raise ParallelLayoutError(f"tp={tp} does not divide shared_expert_intermediate_size="
+                                  f"{spec.shared_expert_ffn_hidden_size}")
 
 
 def use_transformer_engine() -> bool:
@@ -241,20 +301,25 @@ def recompute_kwargs(recompute: str) -> dict[str, Any]:
 
 
 def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
-                       recompute: str = "none") -> Any:
-    """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp``."""
+                       recompute: str = "none", ep: int = 1, etp: int = 1, moe: MoESettings | None = None) -> Any:
+    """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp`` (and the
+    expert layout ``ep``/``etp`` with the training-side ``moe`` settings for MoE models)."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
-    validate_layout(spec, tp, pp)
+    validate_layout(spec, tp, pp, ep, etp)
+    if spec.is_moe and tp > 1 and not sequence_parallel:
+        raise ParallelLayoutError(f"tp={tp} with MoE layers needs sequence_parallel=True (megatron-core routes each "
+                                  "rank's slice of the sequence)")
     dtype = DTYPES[spec.dtype]
+    first, last = uneven_stage_sizes(spec.num_layers, pp)
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
         num_attention_heads=spec.num_heads,
         num_query_groups=spec.num_kv_heads,
         kv_channels=spec.head_dim,
-        ffn_hidden_size=spec.ffn_hidden_size,
+        ffn_hidden_size=spec.moe_ffn_hidden_size if spec.is_moe else spec.ffn_hidden_size,
         normalization="RMSNorm",
         layernorm_epsilon=spec.rms_norm_eps,
         gated_linear_unit=True,
@@ -282,18 +347,29 @@ def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parall
         attention_softmax_in_fp32=True,
         calculate_per_token_loss=True,  # sum micro-batch losses, no DP averaging (agents/local.py)
         variable_seq_lengths=True,  # PP: micro-batches are padded per batch, not to a fixed length
-        moe_token_dispatcher_type="alltoall",  # mcore's check for variable_seq_lengths (no MoE here)
+        moe_token_dispatcher_type="alltoall",  # mcore's check for variable_seq_lengths (also for dense models)
+        num_layers_in_first_pipeline_stage=first,
+        num_layers_in_last_pipeline_stage=last,
         **recompute_kwargs(recompute),
+        **moe_transformer_kwargs(spec, ep, etp, moe),
     )
 
 
-def layer_spec(spec: ArchSpec, te: bool | None = None) -> Any:
-    """Transformer-Engine spec when available (GPU), else the local spec (CPU)."""
+def layer_spec(spec: ArchSpec, te: bool | None = None, stage_layers: int | None = None) -> Any:
+    """Transformer-Engine spec when available (GPU; MoE experts as TE's grouped GEMM), else the local
+    spec (CPU; ``SequentialMLP`` experts), as a block of ``stage_layers`` layers with the
+    sequence-parallel-capable RMSNorm (:mod:`hacrl_megatron.models.local_spec`)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    from hacrl_megatron.models.local_spec import local_block_spec
+
+    experts = spec.num_experts or None
     if te if te is not None else use_transformer_engine():
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=spec.qk_norm)
-    return gpt_layer_specs.get_gpt_layer_local_spec(qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
+            num_experts=experts, moe_grouped_gemm=experts is not None, qk_layernorm=spec.qk_norm)
+    layer = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False,
+                                                     qk_layernorm=spec.qk_norm, normalization="RMSNorm")
+    return layer if stage_layers is None else local_block_spec(layer, stage_layers)
 
 
 def build_gpt_model(
@@ -301,12 +377,16 @@ def build_gpt_model(
     tp: int = 1,
     pp: int = 1,
     *,
+    ep: int = 1,
+    etp: int = 1,
     sequence_parallel: bool = False,
     vocab_divisible_by: int = 1,
     te: bool | None = None,
     recompute: str = "none",
     init_weights: bool = True,
+    moe: MoESettings | None = None,
     meta_rank: tuple[int, int] | None = None,
+    meta_dp: int | None = None,
 ) -> Any:
     """The ``GPTModel`` of this rank's pipeline stage (needs :func:`init_parallel` first).
 
@@ -317,23 +397,21 @@ def build_gpt_model(
     parameter next (conversion): on CPU it would first build each weight at full, unsharded size in
     fp32 (``_initialize_affine_weight_cpu``), the peak of a 70B conversion.
 
-    ``meta_rank=(tp_rank, pp_rank)`` builds that rank of a ``tp`` × ``pp`` layout on the ``meta``
-    device instead: no world, no :func:`init_parallel`, no parameter memory (shapes only; ~0.05 s
-    for one TP8 × PP8 rank of a 70B model). The model gets stand-in process groups of sizes
-    ``tp``/``pp`` at those ranks (:func:`stand_in_groups`) through megatron-core's
-    ``pg_collection``, so every layer is sized exactly as on the real rank; used by the planner to
-    count each rank's parameters and by tests of 70B+ layouts. Always the local layer spec (TE's
-    fused norms hold the same parameters under other names).
+    ``meta_rank=(tp_rank, pp_rank)`` builds that rank of a ``tp`` × ``pp`` (× ``ep`` × ``etp``) layout on
+    the ``meta`` device instead: no world, no :func:`init_parallel`, no parameter memory (shapes only;
+    ~0.05 s for one TP8 × PP8 rank of a 70B model). The model gets stand-in process groups
+    (:func:`hacrl_megatron.models.meta.stand_in_groups`; ``meta_dp`` is the data-parallel size, by
+    default the smallest that holds ``ep·etp``) through megatron-core's ``pg_collection``, so every
+    layer is sized exactly as on the real rank; used by the planner to count each rank's parameters
+    and by tests of 70B+ layouts. Always the local layer spec (TE's fused norms hold the same
+    parameters under other names).
     """
     from megatron.core.models.gpt import GPTModel
 
+    from hacrl_megatron.models import meta
+
     use_te = (te if te is not None else use_transformer_engine()) and meta_rank is None
-    if sequence_parallel and not use_te and meta_rank is None:
-        raise ParallelLayoutError(
-            "sequence_parallel=True needs the Transformer Engine layer spec (CUDA + transformer_engine); the local "
-            "spec's torch norms do not support it (megatron-core torch_norm.py)"
-        )
-    config = transformer_config(spec, tp, pp, sequence_parallel and meta_rank is None, recompute)
+    config = transformer_config(spec, tp, pp, sequence_parallel, recompute, ep, etp, moe)
     config.perform_initialization = init_weights
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:
@@ -342,17 +420,19 @@ def build_gpt_model(
         from megatron.core import parallel_state as mpu
 
         first, last, context = mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage(), contextlib.nullcontext()
+        pp_rank = mpu.get_pipeline_model_parallel_rank()
     else:
-        tp_rank, pp_rank = _check_meta_rank(meta_rank, tp, pp)
+        tp_rank, pp_rank = meta.check_meta_rank(meta_rank, tp, pp)
         first, last = pp_rank == 0, pp_rank == pp - 1
         config.perform_initialization = False  # nothing to initialise on meta
         config.use_cpu_initialization = True  # no torch.cuda.current_device() placement
-        kwargs["pg_collection"] = stand_in_groups(tp, pp, tp_rank, pp_rank)
-        context = _meta_build_context()
+        kwargs["pg_collection"] = meta.stand_in_groups(tp, pp, tp_rank, pp_rank, ep, etp, meta_dp)
+        context = meta.meta_build_context()
+    block = layer_spec(spec, use_te, None if use_te else pipeline_layers(spec.num_layers, pp)[pp_rank])
     with context:
         model = GPTModel(
             config=config,
-            transformer_layer_spec=layer_spec(spec, use_te),
+            transformer_layer_spec=block,
             vocab_size=spec.padded_vocab_size(tp, vocab_divisible_by),
             max_sequence_length=spec.max_position_embeddings,
             pre_process=first,
@@ -366,53 +446,3 @@ def build_gpt_model(
     if torch.cuda.is_available() and meta_rank is None:
         model.cuda(torch.cuda.current_device())
     return model
-
-
-# --------------------------------------------------------------------------------------------
-# meta-device builds: stand-in process groups, no world
-
-
-def _check_meta_rank(meta_rank: tuple[int, int], tp: int, pp: int) -> tuple[int, int]:
-    tp_rank, pp_rank = (int(r) for r in meta_rank)
-    if not (0 <= tp_rank < tp and 0 <= pp_rank < pp):
-        raise ParallelLayoutError(f"meta_rank=(tp_rank={tp_rank}, pp_rank={pp_rank}) is outside tp={tp}, pp={pp}")
-    return tp_rank, pp_rank
-
-
-def _fake_group(rank: int, size: int) -> Any:
-    """A torch ``FakeProcessGroup`` (the ``fake`` backend: sizes and ranks, collectives are no-ops)."""
-    from torch._C._distributed_c10d import FakeProcessGroup
-
-    if hasattr(FakeProcessGroup, "_create_internal"):  # torch >= 2.9
-        return FakeProcessGroup._create_internal(rank, size)
-    return FakeProcessGroup(rank, size)
-
-
-def stand_in_groups(tp: int, pp: int, tp_rank: int, pp_rank: int) -> Any:
-    """megatron-core ``ProcessGroupCollection`` of fake groups for one rank of a ``tp`` × ``pp`` layout.
-
-    Only model construction reads them (sizes and ranks); ``embd`` is None so that a tied
-    embedding on the last stage is not all-reduced with the first (nothing to copy on meta).
-    """
-    from megatron.core.process_groups_config import ProcessGroupCollection
-
-    return ProcessGroupCollection(tp=_fake_group(tp_rank, tp), pp=_fake_group(pp_rank, pp), cp=_fake_group(0, 1),
-                                  embd=None, pos_embd=None)
-
-
-@contextlib.contextmanager
-def _meta_build_context() -> Iterator[None]:
-    """Parameters on ``meta``; a one-rank ``fake`` default world while building when none exists
-    (megatron-core reads group sizes only once ``torch.distributed`` is initialised), removed after."""
-    import torch.distributed as dist
-
-    created = False
-    if not dist.is_initialized():
-        dist.init_process_group("fake", store=dist.HashStore(), rank=0, world_size=1)
-        created = True
-    try:
-        with torch.device("meta"):
-            yield
-    finally:
-        if created:
-            dist.destroy_process_group()

@@ -53,7 +53,7 @@ def test_preset_from_path_with_base(tmp_path):
         ("hacpo.cross_clip_low=1.5", "hacpo.cross_clip_low=1.5"),
         ("agents.1.name=llama", "agents.1.name='llama': duplicate agent name"),
         ("agents.0.parallel.tp=3", "agents.0.parallel.tp=3: must divide num_heads=4"),
-        ("agents.0.parallel.pp=3", "must divide num_layers"),
+        ("agents.0.parallel.pp=5", "agents.0.parallel.pp=5: pp=5 cannot split num_layers=4"),
         ("hacpo.algorithm=ppo", "hacpo.algorithm='ppo': must be one of"),
         ("train.mini_batches=3", "must divide train.prompts_per_step"),
         ("agents.5.lr=1", "index '5' out of range"),

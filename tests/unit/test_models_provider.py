@@ -93,8 +93,10 @@ def test_layout_errors_name_the_rule():
         validate_layout(spec, 3, 1)
     with pytest.raises(ParallelLayoutError, match="tp=4 does not divide num_key_value_heads=2"):
         validate_layout(spec, 4, 1)
-    with pytest.raises(ParallelLayoutError, match="pp=3 does not divide num_hidden_layers=2"):
+    with pytest.raises(ParallelLayoutError, match="pp=3 cannot split num_layers=2"):
         validate_layout(spec, 1, 3)
+    with pytest.raises(ParallelLayoutError, match="ep=2, etp=1: expert parallelism needs an MoE model"):
+        validate_layout(spec, 1, 1, ep=2)
     validate_layout(spec, 2, 2)
 
 
@@ -178,8 +180,22 @@ def test_light_imports_without_heavy_backends():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only rule")
-def test_sequence_parallel_needs_transformer_engine():
+def test_local_spec_norm_supports_sequence_parallel():
+    """The local spec's norms are torch's RMSNorm, bit for bit, with the weight marked for megatron's
+    TP all-reduce of sequence-parallel gradients (megatron's own WrappedTorchNorm refuses SP)."""
+    from types import SimpleNamespace
+
+    from hacrl_megatron.models.local_spec import RMSNorm
+
+    cfg = SimpleNamespace(normalization="RMSNorm", layernorm_zero_centered_gamma=False, sequence_parallel=True)
+    norm, ref = RMSNorm(cfg, 16, eps=1e-6), torch.nn.RMSNorm(16, eps=1e-6)
+    with torch.no_grad():
+        norm.weight.normal_()
+        ref.weight.copy_(norm.weight)
+    x = torch.randn(5, 3, 16)
+    assert torch.equal(norm(x), ref(x)) and norm.weight.sequence_parallel is True
+    assert RMSNorm(SimpleNamespace(**{**vars(cfg), "sequence_parallel": False}), 16).weight.sequence_parallel is False
     init_parallel(1, 1, 1)
-    with pytest.raises(ParallelLayoutError, match="sequence_parallel=True needs the Transformer Engine"):
-        build_gpt_model(arch_from_hf(tiny_hf_config("llama")), sequence_parallel=True)
+    model = build_gpt_model(arch_from_hf(tiny_hf_config("qwen3")))
+    norms = [m for m in model.modules() if isinstance(m, torch.nn.RMSNorm)]
+    assert len(norms) == 2 * 2 + 2 * 2 + 1 and all(type(m) is RMSNorm for m in norms)  # layers, QK-norms, final

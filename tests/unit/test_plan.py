@@ -152,8 +152,8 @@ def test_bad_inputs(capsys, llama70b):
     common = ["--gpu-memory-gib", "80"]
     err = plan_error(capsys, "--model", llama70b, "--tp", "3", "--pp", "1", "--dp", "1", *common)
     assert err == "hacrl plan: agent 'Llama-3.1-70B': tp=3 does not divide num_attention_heads=64 (llama)"
-    err = plan_error(capsys, "--model", llama70b, "--tp", "8", "--pp", "3", "--dp", "1", *common)
-    assert "agent 'Llama-3.1-70B': pp=3 does not divide num_hidden_layers=80" in err
+    err = plan_error(capsys, "--model", llama70b, "--tp", "8", "--pp", "79", "--dp", "1", *common)
+    assert "agent 'Llama-3.1-70B': pp=79 cannot split num_layers=80" in err
     err = plan_error(capsys, "--model", llama70b, "--tp", "8", "--pp", "1", "--dp", "1", "--gpu", "x100", *common)
     assert "--gpu 'x100' is not known" in err
     err = plan_error(capsys, "--preset", "multinode_llama70b_qwen72b", "--nodes", "1", "--gpus-per-node", "8", *common)

@@ -112,5 +112,5 @@ def test_meta_rank_outside_layout_raises():
     spec = arch_from_config(QWEN3_32B)
     with pytest.raises(ParallelLayoutError, match="outside tp=8, pp=4"):
         build_gpt_model(spec, 8, 4, meta_rank=(8, 0))
-    with pytest.raises(ParallelLayoutError, match="pp=3 does not divide num_hidden_layers=64"):
-        build_gpt_model(spec, 8, 3, meta_rank=(0, 0))
+    with pytest.raises(ParallelLayoutError, match="pp=63 cannot split num_layers=64"):
+        build_gpt_model(spec, 8, 63, meta_rank=(0, 0))

@@ -1,0 +1,62 @@
+"""Pure layout arithmetic shared by the config rules, the model provider and the planner (no torch).
+
+Pipeline split: with ``L`` layers over ``pp`` stages and ``pp`` dividing ``L``, every stage holds
+``L / pp`` layers. Otherwise the middle stages hold ``m = ceil(L / pp)`` layers each and the first
+and last stages share the rest, ``L − (pp − 2)·m``, the first taking the smaller half: those two
+stages also hold the embedding and the LM head, so they are the ones to lighten. This is
+megatron-core's ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``
+(Qwen3-235B-A22B's 94 layers over 4 stages: 23 / 24 / 24 / 23).
+
+Expert layout (megatron-core): experts live on the same ``tp·dp`` ranks of a pipeline stage as
+attention, regrouped as ``etp`` (expert tensor parallel) × ``ep`` (expert parallel) × expert data
+parallel, so ``ep·etp`` must divide ``tp·dp`` and the expert-data-parallel size is their quotient.
+"""
+
+from __future__ import annotations
+
+import math
+
+
+class LayoutError(ValueError):
+    """Sizes that no layout can hold; the message names the sizes and the rule."""
+
+
+def pipeline_layers(num_layers: int, pp: int) -> tuple[int, ...]:
+    """Layers of each of the ``pp`` pipeline stages, in stage order (module docstring's rule)."""
+    if pp < 1 or num_layers < 1:
+        raise LayoutError(f"pp={pp}, num_layers={num_layers}: both must be >= 1")
+    if num_layers % pp == 0:
+        return (num_layers // pp,) * pp
+    if pp == 2:
+        first = num_layers // 2
+        return first, num_layers - first
+    middle = math.ceil(num_layers / pp)
+    rest = num_layers - (pp - 2) * middle
+    if rest < 2:
+        raise LayoutError(f"pp={pp} cannot split num_layers={num_layers}: the middle stages take {middle} layers "
+                          f"each and leave {rest} for the first and last stage (each needs >= 1)")
+    first = rest // 2
+    return (first,) + (middle,) * (pp - 2) + (rest - first,)
+
+
+def uneven_stage_sizes(num_layers: int, pp: int) -> tuple[int | None, int | None]:
+    """(first, last) stage layer counts for megatron-core's uneven split, (None, None) when even."""
+    split = pipeline_layers(num_layers, pp)
+    if len(set(split)) == 1:
+        return None, None
+    return split[0], split[-1]
+
+
+def layer_offset(num_layers: int, pp: int, pp_rank: int) -> int:
+    """Global index of the first layer of stage ``pp_rank``."""
+    return sum(pipeline_layers(num_layers, pp)[:pp_rank])
+
+
+def expert_data_parallel(tp: int, dp: int, ep: int, etp: int) -> int:
+    """Expert-data-parallel size ``tp·dp / (ep·etp)`` (raises :class:`LayoutError` when it is no integer)."""
+    if min(tp, dp, ep, etp) < 1:
+        raise LayoutError(f"tp={tp}, dp={dp}, ep={ep}, etp={etp}: sizes must be >= 1")
+    if (tp * dp) % (ep * etp):
+        raise LayoutError(f"ep·etp = {ep}·{etp} must divide tp·dp = {tp}·{dp}: experts are laid out over the same "
+                          "ranks as attention's tensor and data parallelism")
+    return tp * dp // (ep * etp)
