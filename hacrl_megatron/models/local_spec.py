@@ -30,7 +30,7 @@ class RMSNorm(torch.nn.RMSNorm):
         if zero_centered_gamma or config.layernorm_zero_centered_gamma:
             raise ValueError("RMSNorm: zero-centred gamma is not supported")
         super().__init__(hidden_size, eps=eps)  # float32 weight, as WrappedTorchNorm makes it
-        setattr(self.weight, "sequence_parallel", bool(config.sequence_parallel))
+        self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
 def _replace_norms(spec: Any) -> Any:

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
