@@ -52,6 +52,13 @@ class AgentHandle(Protocol):
     def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
         """No-grad per-token log-probs of the response tokens, packed (GRPO's π_old)."""
 
+    def keep_reference(self) -> None:
+        """Keep the current weights as the frozen reference of the KL penalty (a host copy of each rank's
+        shard, agents/reference.py); called once when the run builds the agent, before any resume."""
+
+    def reference_token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """:meth:`token_logprobs` under the weights :meth:`keep_reference` kept (the KL's π_ref)."""
+
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1, in order); returns one metrics dict each."""
 

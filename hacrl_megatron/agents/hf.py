@@ -18,6 +18,7 @@ import torch
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.padding import micro_batches, pad_right, response_logprobs_from_logits
+from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
 
 
 def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
@@ -77,6 +78,16 @@ class HFAgent:
         cu[1:] = torch.cumsum(lens, 0)
         return LogProbOutput(torch.cat([o.token_logps for o in outs]), cu,
                              torch.cat([o.seq_logp_sum for o in outs]), lens)
+
+    def keep_reference(self) -> None:
+        """Keep the current weights (host copy) as the KL penalty's frozen reference (agents/reference.py)."""
+        self._reference = ReferenceWeights(self.model.parameters())
+
+    def reference_token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """:meth:`token_logprobs` under the weights :meth:`keep_reference` kept."""
+        if getattr(self, "_reference", None) is None:
+            raise missing_reference(self.name)
+        return self._reference.run(lambda: self.token_logprobs(batch, temperature))
 
     def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         out = self.token_logprobs(batch, temperature)

@@ -24,6 +24,7 @@ import torch
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
 from hacrl_megatron.agents.schedule import (
     LMHead,
     MicroBatch,
@@ -240,6 +241,17 @@ class LocalAgent:
         flat = flat.cpu()
         self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - t0, 1e-9)
         return LogProbOutput(token_logps=flat[:n_tok], cu_seqlens=cu, seq_logp_sum=flat[n_tok:], seq_len=lens)
+
+    def keep_reference(self) -> None:
+        """Keep this rank's current weight shard (host copy) as the KL penalty's frozen reference
+        (agents/reference.py); on every rank."""
+        self._reference = ReferenceWeights(self.module.parameters())
+
+    def reference_token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """:meth:`token_logprobs` under the weights :meth:`keep_reference` kept; on every rank."""
+        if getattr(self, "_reference", None) is None:
+            raise missing_reference(self.name)
+        return self._reference.run(lambda: self.token_logprobs(batch, temperature))
 
     def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Σ log π of each response [S] (float32, at ``temperature``) and its token count [S]; on every rank."""

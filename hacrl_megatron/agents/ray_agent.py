@@ -233,6 +233,14 @@ class RayAgent:
         """Per-token log-probs of the responses (packed, see :class:`LogProbOutput`)."""
         return self._call(RankWorker.token_logprobs, batch, temperature)[0]
 
+    def keep_reference(self) -> None:
+        """Every rank keeps its current weight shard (host copy) as the KL penalty's frozen reference."""
+        self._call(RankWorker.keep_reference)
+
+    def reference_token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
+        """Per-token log-probs of the responses under the weights :meth:`keep_reference` kept."""
+        return self._call(RankWorker.reference_token_logprobs, batch, temperature)[0]
+
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1); ``loss_fn`` is cloudpickled to every rank."""
         return self.train_async(mini_batches, loss_fn, temperature).result()

@@ -177,6 +177,12 @@ class RankWorker:
     def token_logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
         return self._local.token_logprobs(batch, temperature)
 
+    def keep_reference(self) -> None:
+        self._local.keep_reference()
+
+    def reference_token_logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
+        return self._local.reference_token_logprobs(batch, temperature)
+
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float) -> list[dict[str, float]]:
         return self._local.train(mini_batches, loss_fn, temperature)
 

@@ -18,6 +18,7 @@ A new variant is a subclass here (or a new switch of an existing one) plus its c
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -29,6 +30,7 @@ from hacrl_megatron.algo.capability import CapabilityTracker
 from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
 from hacrl_megatron.algo.hacpo import adaptive_center, hacpo_loss
 from hacrl_megatron.algo.inputs import LossInputs
+from hacrl_megatron.algo.kl import self_kl_penalty
 from hacrl_megatron.config import HACPOConfig
 
 PAIR_METRICS = ("cross_clipfrac", "cross_center", "cross_log_ratio_median")  # keyed by source index in hacpo.py
@@ -62,11 +64,14 @@ class StepPasses:
         objectives: GRPO), carried to the loss as ``LossInputs.old_token_logp``.
     learner_old_on_others: each learner's Σ log π^(k)_old over every other agent's responses in its
         own tokens, before any update (one more pass per learner), carried as
-        ``LossInputs.learner_old_logp_sum`` (§5d).
+        ``LossInputs.learner_old_logp_sum`` (§5d, and Naive's plain-merge reading, §8).
+    reference_on_self: the frozen starting policy's per-token log-probs of each learner's own
+        responses (the KL penalty, §7), carried as ``LossInputs.ref_token_logp``.
     """
 
     source_token_logps: bool = False
     learner_old_on_others: bool = False
+    reference_on_self: bool = False
 
 
 def _required(inputs: LossInputs | None) -> LossInputs:
@@ -95,7 +100,7 @@ class Algorithm:
         num_agents: n, the agents in config order.
     """
 
-    passes = StepPasses()
+    method_passes = StepPasses()  # the passes of the method itself; :attr:`passes` adds the KL's
     shares_rollouts = True  # learn from every agent's responses (False: from its own only)
     rollout_multiplier = 1  # samples per prompt = multiplier × rollout.samples_per_prompt
     capability_aware = True  # eq. 6's ω-weighted baseline (False: a plain mean over the pool)
@@ -104,6 +109,10 @@ class Algorithm:
     def __init__(self, cfg: HACPOConfig, num_agents: int) -> None:
         self.cfg = cfg
         self.num_agents = num_agents
+        self.passes = dataclasses.replace(self._passes_of_method(), reference_on_self=cfg.kl_coef > 0)
+
+    def _passes_of_method(self) -> StepPasses:
+        return self.method_passes
 
     @property
     def name(self) -> str:
@@ -157,7 +166,28 @@ class Algorithm:
                     tracker.record_log_ratio(k, j, value)
 
     def loss_fn(self, names: list[str]) -> LossFn:
-        """The learner's loss on a micro-batch: −Σ J / global #sequences and its metrics (§7), per-pair
+        """The learner's loss on a micro-batch and its metrics: the method's policy loss (:meth:`policy_loss_fn`)
+        plus, with ``hacpo.kl_coef > 0``, the KL penalty on self responses (§7, metrics ``kl`` and ``kl_penalty``)."""
+        policy = self.policy_loss_fn(names)
+        if not self.passes.reference_on_self:
+            return policy
+        coef, estimator = self.cfg.kl_coef, self.cfg.kl_estimator
+
+        def with_kl(out: LogProbs, inputs: LossInputs | None, info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
+            loss, metrics = policy(out, inputs, info)
+            inputs = _required(inputs)
+            if inputs.ref_token_logp is None:
+                raise ValueError("hacpo.kl_coef > 0 needs LossInputs.ref_token_logp (the reference policy's per-token "
+                                 "log-probs of the self responses, filled by the trainer's old log-prob stage)")
+            penalty, per_seq = self_kl_penalty(out.token_logps, out.cu_seqlens, inputs.ref_token_logp.to(
+                out.token_logps.device), inputs.is_self.to(out.token_logps.device), estimator, info.num_sequences)
+            kl = {"kl": float(per_seq.mean()) if per_seq.numel() else 0.0, "kl_penalty": coef * float(penalty.detach())}
+            return loss + coef * penalty, {**metrics, **kl}
+
+        return with_kl
+
+    def policy_loss_fn(self, names: list[str]) -> LossFn:
+        """The method's own loss on a micro-batch: −Σ J / global #sequences and its metrics (§7), per-pair
         metric keys named after the agents ``names`` (config order)."""
         cfg = self.cfg
 
@@ -173,10 +203,9 @@ class Algorithm:
 class HACPO(Algorithm):
     """HACPO (eq. 6-14) with its ablations and cross-term variants (§5a-5d, §8)."""
 
-    def __init__(self, cfg: HACPOConfig, num_agents: int) -> None:
-        super().__init__(cfg, num_agents)
+    def _passes_of_method(self) -> StepPasses:
         # §5d: the proximal ratio of a cross sample needs the learner's own π_old on it
-        self.passes = StepPasses(learner_old_on_others=cfg.cross_clip_mode == "decoupled")
+        return StepPasses(learner_old_on_others=self.cfg.cross_clip_mode == "decoupled")
 
 
 class Naive(Algorithm):
@@ -184,6 +213,33 @@ class Naive(Algorithm):
 
     capability_aware = False
     has_cross_window = False
+
+
+class NaiveMerge(Naive):
+    """Naive as a stock trainer runs merged rollouts (§8, the plain-merge reading): the learner recomputes
+    π_old on every merged sample itself, so each cross sample's ratio is π^(k)_θ/π^(k)_old in the learner's
+    tokens (s = 1 at the first update), GSPO's clip on every sequence, no importance correction toward
+    the author, ω ≡ 1, α = 0."""
+
+    method_passes = StepPasses(learner_old_on_others=True)
+
+    def policy_loss_fn(self, names: list[str]) -> LossFn:
+        cfg = dataclasses.replace(self.cfg, algorithm="naive")  # Naive's objective on the learner's own ratios
+
+        def merged_loss(out: LogProbs, inputs: LossInputs | None,
+                        info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
+            inputs = _required(inputs)
+            if inputs.learner_old_logp_sum is None:
+                raise ValueError("hacpo.algorithm=naive_merge needs LossInputs.learner_old_logp_sum (the learner's "
+                                 "Σ log π_old over every merged response, filled by the trainer's old log-prob stage)")
+            # self rows: learner_old_logp_sum is the learner's own Σ log π_old already; lengths are the learner's
+            own_view = dataclasses.replace(inputs, source_logp_sum=inputs.learner_old_logp_sum,
+                                           source_len=out.seq_len.to(inputs.source_len.device))
+            loss, metrics = hacpo_loss(out.seq_logp_sum, out.seq_len, own_view, info.update_index, cfg,
+                                       num_sequences=info.num_sequences)
+            return loss, name_pair_metrics(metrics, names)
+
+        return merged_loss
 
 
 class GSPO(Algorithm):
@@ -204,9 +260,9 @@ class GRPO(Algorithm):
 
     shares_rollouts = False
     has_cross_window = False
-    passes = StepPasses(source_token_logps=True)
+    method_passes = StepPasses(source_token_logps=True)
 
-    def loss_fn(self, names: list[str]) -> LossFn:
+    def policy_loss_fn(self, names: list[str]) -> LossFn:
         cfg = self.cfg
 
         def grpo_loss(out: LogProbs, inputs: LossInputs | None,
@@ -222,8 +278,8 @@ class GRPO(Algorithm):
         return grpo_loss
 
 
-METHODS: dict[str, type[Algorithm]] = {"hacpo": HACPO, "naive": Naive, "gspo": GSPO, "gspo_x2": GSPOx2,
-                                       "grpo": GRPO}
+METHODS: dict[str, type[Algorithm]] = {"hacpo": HACPO, "naive": Naive, "naive_merge": NaiveMerge, "gspo": GSPO,
+                                       "gspo_x2": GSPOx2, "grpo": GRPO}
 
 
 def build_algorithm(cfg: HACPOConfig, num_agents: int) -> Algorithm:

@@ -30,7 +30,10 @@ class LossInputs:
         sequence's pair (docs/algorithm.md §5b; 0 for self sequences). None: every c = 0 (fixed window).
     learner_old_logp_sum: [S] float or None, Σ log π^(k)_old over the response in the **learner's**
         tokens, before any update of the step (equals source_logp_sum for self sequences). Needed by
-        ``hacpo.cross_clip_mode=decoupled`` only (docs/algorithm.md §5d).
+        ``hacpo.cross_clip_mode=decoupled`` and ``naive_merge`` (docs/algorithm.md §5d, §8).
+    ref_token_logp: [S, T] float or None, the frozen reference policy's per-token log-probs of each
+        self response, right-padded like ``old_token_logp`` (cross rows are zeros, never read). Needed by
+        the KL penalty (``hacpo.kl_coef > 0``, docs/algorithm.md §7).
     """
 
     advantages: torch.Tensor
@@ -42,6 +45,7 @@ class LossInputs:
     source_index: torch.Tensor | None = None
     cross_center: torch.Tensor | None = None
     learner_old_logp_sum: torch.Tensor | None = None
+    ref_token_logp: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.advantages.dim() != 1:
@@ -57,9 +61,10 @@ class LossInputs:
             value = getattr(self, name)
             if value is not None and value.shape != (s,):
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
-        old = self.old_token_logp
-        if old is not None and (old.dim() != 2 or old.shape[0] != s):
-            raise ValueError(f"LossInputs.old_token_logp has shape {tuple(old.shape)}, expected ({s}, T)")
+        for name in ("old_token_logp", "ref_token_logp"):
+            value = getattr(self, name)
+            if value is not None and (value.dim() != 2 or value.shape[0] != s):
+                raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s}, T)")
 
     def __len__(self) -> int:
         return self.advantages.shape[0]

@@ -15,7 +15,7 @@ from hacrl_megatron.errors import InputError
 
 PRESET_DIR = Path(__file__).parent.parent / "presets"
 
-ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive")
+ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive", "naive_merge")
 CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo", "decoupled")
 CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
@@ -24,7 +24,9 @@ DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
-EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+EOS_MODES = ("learner_eos", "source_eos_text", "no_eos", "strip_all")
+KL_ESTIMATORS = ("low_var_kl", "k1", "k2")  # docs/algorithm.md §7
+MINIBATCH_ORDERS = ("shuffle", "self_first")
 WEIGHT_SYNC_MODES = ("auto", "disk", "tensor", "distributed")
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
@@ -126,7 +128,9 @@ class RolloutConfig:
     top_p: float = 1.0
     max_prompt_len: int = 1024
     max_response_len: int = 4096
-    eos_mode: str = "learner_eos"  # docs/algorithm.md §6: learner_eos | source_eos_text | no_eos
+    # docs/algorithm.md §6: learner_eos | source_eos_text | no_eos (cross responses) | strip_all (every response,
+    # self too: the reference code's first version)
+    eos_mode: str = "learner_eos"
     # SGLang (engine: sglang): one server per agent, started by the trainer
     sglang_tp: int = 1  # tensor-parallel size of each agent's server
     sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
@@ -147,7 +151,7 @@ class RolloutConfig:
 class HACPOConfig:
     """HACPO and its baselines/ablations (docs/algorithm.md §4-5, §8; paper eq. 6-14)."""
 
-    algorithm: str = "hacpo"  # hacpo | gspo | gspo_x2 | grpo | naive
+    algorithm: str = "hacpo"  # hacpo | gspo | gspo_x2 | grpo | naive | naive_merge (docs/algorithm.md §8)
     alpha: float = 1.0  # exponential IS exponent α ≥ 0 (eq. 13)
     cross_clip_low: float = 0.8  # 1 − δ: lower bound of the cross window at m = 0 (eq. 14)
     delta_step: float = 0.025  # δ_step: the lower bound rises by this per mini-batch update
@@ -172,6 +176,10 @@ class HACPOConfig:
     cross_clip_mode: str = "clamp"
     cross_window: str = "fixed"  # fixed (eq. 14) | adaptive: per-pair log-space centre (docs/algorithm.md §5b)
     adaptive_window_steps: int = 5  # K past steps of the adaptive window's running median
+    # KL penalty to the frozen starting policy on each learner's own responses (docs/algorithm.md §7): 0 = off; the
+    # reference code trains with 1e-3 (low_var_kl); costs one reference forward per agent and step
+    kl_coef: float = 0.0
+    kl_estimator: str = "low_var_kl"  # low_var_kl (k3, clamped to [-10, 10]) | k1 | k2 (algo/kl.py)
 
 
 @dataclass
@@ -181,6 +189,9 @@ class TrainConfig:
     steps: int = 60
     prompts_per_step: int = 16  # B
     mini_batches: int = 2  # M optimizer updates per step (m = 0..M−1)
+    # order of a learner's step batch before the split into M mini-batches (docs/algorithm.md §7): shuffle, or
+    # self_first (own responses first, then the others', unshuffled: the reference code's first version)
+    minibatch_order: str = "shuffle"
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate
     weight_decay: float = 0.0
     grad_clip: float = 1.0

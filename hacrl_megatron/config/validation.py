@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 from pathlib import Path
@@ -17,6 +18,8 @@ from hacrl_megatron.config.schema import (
     DTYPES,
     ENGINES,
     EOS_MODES,
+    KL_ESTIMATORS,
+    MINIBATCH_ORDERS,
     MOE_ARCHS,
     RECOMPUTE,
     SGLANG_PYTHON_ENV,
@@ -202,7 +205,7 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
         validate_agent(agent_cfg, f"agents.{i}")
     h, r, t = cfg.hacpo, cfg.rollout, cfg.train
     _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
-    if h.algorithm in ("hacpo", "naive"):
+    if h.algorithm in ("hacpo", "naive", "naive_merge"):
         _rule(len(cfg.agents) >= 2, "hacpo.algorithm", h.algorithm,
               f"shares rollouts between agents and needs >= 2 agents, got {len(cfg.agents)}")
     _rule(h.alpha >= 0, "hacpo.alpha", h.alpha, "must be >= 0 (exponential IS exponent)")
@@ -220,6 +223,10 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _rule(h.max_abs_log_ratio > 0, "hacpo.max_abs_log_ratio", h.max_abs_log_ratio, "must be > 0")
     _one_of("hacpo.cross_clip_mode", h.cross_clip_mode, CROSS_CLIP_MODES)
     _one_of("hacpo.cross_window", h.cross_window, CROSS_WINDOWS)
+    _rule(math.isfinite(h.kl_coef) and h.kl_coef >= 0, "hacpo.kl_coef", h.kl_coef,
+          "must be a finite number >= 0 (0 turns the KL penalty off)")
+    _one_of("hacpo.kl_estimator", h.kl_estimator, KL_ESTIMATORS)
+    _one_of("train.minibatch_order", t.minibatch_order, MINIBATCH_ORDERS)
     _rule(h.adaptive_window_steps >= 1, "hacpo.adaptive_window_steps", h.adaptive_window_steps,
           "must be >= 1 (steps of the adaptive window's running median)")
     _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,

@@ -8,7 +8,10 @@ the learner's own templated prompt. End of sequence (``eos_mode``, cross records
 - ``"source_eos_text"``: append the source's eos *string* encoded as ordinary text;
 - ``"no_eos"``: never train an eos on cross records.
 
-Self records always append the learner's eos when finish_reason == "eos": the engine returns ids
+``"strip_all"`` drops the eos from every record, self records included (the first released version of
+the reference code strips it from all responses before training): no learner is trained to stop.
+
+Otherwise self records append the learner's eos when finish_reason == "eos": the engine returns ids
 without it (:class:`~hacrl_megatron.rollout.Completion`) and the agent must learn to stop, exactly
 as in single-agent GSPO. Prompts are left-truncated to ``max_prompt_len``, responses
 right-truncated to ``max_response_len`` (an eos that no longer fits is dropped); every truncation is
@@ -25,7 +28,7 @@ from typing import Any
 from hacrl_megatron.exchange.records import LearnerView, Trajectory
 from hacrl_megatron.exchange.tokenizers import tokenizer_fingerprint
 
-EOS_MODES = ("learner_eos", "source_eos_text", "no_eos")
+EOS_MODES = ("learner_eos", "source_eos_text", "no_eos", "strip_all")
 
 
 def decode_response(tokenizer: Any, token_ids: Sequence[int]) -> str:
@@ -218,8 +221,8 @@ class Exchange:
 
     def _end_ids(self, traj: Trajectory, learner: str) -> tuple[list[int], bool]:
         """Ids that end the learner's view (docs/algorithm.md §6 end rule), and whether they are the learner's eos."""
-        if traj.finish_reason != "eos":
-            return [], False  # truncated at the token budget: nothing to learn about stopping
+        if traj.finish_reason != "eos" or self.eos_mode == "strip_all":
+            return [], False  # truncated at the token budget (or every eos stripped): nothing to learn about stopping
         learner_tok = self.tokenizers[learner]
         eos = learner_tok.eos_token_id
         if eos is None:

@@ -61,7 +61,11 @@ def setup(exp: ExperimentConfig) -> Run:
     configure_process(exp)
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
+    algorithm = build_algorithm(exp.hacpo, len(exp.agents))
     runtimes = [build_runtime(exp, i, total_updates) for i in range(len(exp.agents))]
+    if algorithm.passes.reference_on_self:  # the KL's frozen reference: the starting weights, before any resume
+        for rt in runtimes:
+            rt.agent.keep_reference()
     r, h = exp.rollout, exp.hacpo
     exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
                         max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
@@ -69,7 +73,7 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
-    return Run(exp, build_algorithm(h, len(runtimes)), runtimes, exchange, tracker, verifier, task, eval_records)
+    return Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records)
 
 
 def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:
@@ -79,13 +83,16 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
     centers = algorithm.cross_centers(run.tracker)  # adaptive cross window (docs/algorithm.md §5b)
     for rt in run.runtimes:
         batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, algorithm, centers)
-        minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index))
+        minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index),
+                                          exp.train.minibatch_order)
         launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
     for rt, num_sequences, pending in launched:
         per_update = pending.result()
         for key in sorted({k for u in per_update for k in u}):  # per-pair keys exist only where the pair had samples
             values = [u[key] for u in per_update if key in u]
             metrics[f"{rt.name}/hacpo/{key}"] = sum(values) / len(values)
+        if f"{rt.name}/hacpo/kl" in metrics:  # the KL to the starting policy, at the agent's top level too
+            metrics[f"{rt.name}/kl"] = metrics[f"{rt.name}/hacpo/kl"]
         first = per_update[0]
         if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
             # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise

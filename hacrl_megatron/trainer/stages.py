@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hacrl_megatron.agents.batch import SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, SequenceBatch
 from hacrl_megatron.algo import Algorithm, LossInputs
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data.records import PromptRecord
@@ -35,11 +35,19 @@ class PassOutputs:
 
     source_token_logps: agent → one [L_j] float tensor per trajectory, its per-token log π^(j)_old.
     learner_old_on_others: learner → source → [P·G] float64 Σ log π^(learner)_old over the source's
-        responses re-tokenized into the learner's tokens (docs/algorithm.md §5d).
+        responses re-tokenized into the learner's tokens (docs/algorithm.md §5d, §8).
+    reference_on_self: agent → one [L_j] float tensor per trajectory, the frozen starting policy's
+        per-token log-probs of the agent's own responses (the KL penalty, §7).
     """
 
     source_token_logps: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     learner_old_on_others: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
+    reference_on_self: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+
+
+def _per_sequence(out: LogProbOutput) -> list[torch.Tensor]:
+    """A packed LogProbOutput's per-token log-probs split into one [L_s] tensor per sequence."""
+    return [out.token_logps[out.cu_seqlens[i]:out.cu_seqlens[i + 1]] for i in range(len(out.seq_len))]
 
 
 @dataclass
@@ -101,37 +109,56 @@ def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchang
     """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (docs/algorithm.md §3),
     and the extra passes ``algorithm.passes`` asks for into ``data.passes``.
 
-    Runs before any update of the step, at the rollout temperature. Mutates ``data`` in place
-    (trajectories are frozen: they are replaced).
+    Runs before any update of the step, at the rollout temperature. A view with no response token
+    (``strip_all`` on an answer that was only an EOS) gets Σ = 0 over L = 0 tokens and is left out of
+    training. Mutates ``data`` in place (trajectories are frozen: they are replaced).
     """
     passes = algorithm.passes
     for rt in runtimes:
         trajs = data.trajectories[rt.name]
         views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
-        batch = views_to_batch(views)
+        keep = [i for i, v in enumerate(views) if v.response_len > 0]
+        batch = views_to_batch([views[i] for i in keep])
+        sums, lens = [0.0] * len(views), [0] * len(views)
         if passes.source_token_logps:
-            out = rt.agent.token_logprobs(batch, temperature)
-            data.passes.source_token_logps[rt.name] = [out.token_logps[out.cu_seqlens[i]:out.cu_seqlens[i + 1]]
-                                                       for i in range(len(views))]
-            sums, lens = out.seq_logp_sum, out.seq_len
+            out = rt.agent.token_logprobs(batch, temperature) if keep else None
+            data.passes.source_token_logps[rt.name] = _scatter(_per_sequence(out) if out else [], keep, len(views))
+            found = (out.seq_logp_sum, out.seq_len) if out else ([], [])
         else:
-            sums, lens = rt.agent.sequence_logprobs(batch, temperature)
-        data.trajectories[rt.name] = [t.with_logp(float(s), int(n)) for t, s, n in zip(trajs, sums, lens)]
+            found = rt.agent.sequence_logprobs(batch, temperature) if keep else ([], [])
+        for i, s, n in zip(keep, *found):
+            sums[i], lens[i] = float(s), int(n)
+        data.trajectories[rt.name] = [t.with_logp(s, n) for t, s, n in zip(trajs, sums, lens)]
+        if passes.reference_on_self:
+            ref = _per_sequence(rt.agent.reference_token_logprobs(batch, temperature)) if keep else []
+            data.passes.reference_on_self[rt.name] = _scatter(ref, keep, len(views))
     if passes.learner_old_on_others:
         for rt in runtimes:
             data.passes.learner_old_on_others[rt.name] = learner_cross_logprobs(rt, runtimes, data, exchange,
                                                                                  temperature)
 
 
+def _scatter(values: list[torch.Tensor], keep: list[int], size: int) -> list[torch.Tensor]:
+    """``values`` of the non-empty views at positions ``keep``; an empty [0] tensor for the others."""
+    out = [torch.zeros(0)] * size
+    for i, value in zip(keep, values, strict=True):
+        out[i] = value
+    return out
+
+
 def learner_cross_logprobs(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
                            temperature: float) -> dict[str, torch.Tensor]:
     """Σ log π^(k)_old of learner k over every other agent's responses, re-tokenized as in its learner
-    batch, before any update (docs/algorithm.md §5d): source name → [P·G] float64, one forward pass."""
+    batch, before any update (docs/algorithm.md §5d, §8): source name → [P·G] float64, one forward pass
+    (0 for a view with no response token, which training leaves out)."""
     others = [src for src in runtimes if src.index != rt.index]
     trajs = [t for src in others for t in data.trajectories[src.name]]
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
-    sums, _ = rt.agent.sequence_logprobs(views_to_batch(views), temperature)
-    sums = torch.as_tensor(sums, dtype=torch.float64).cpu()
+    keep = [i for i, v in enumerate(views) if v.response_len > 0]
+    sums = torch.zeros(len(views), dtype=torch.float64)
+    if keep:
+        found, _ = rt.agent.sequence_logprobs(views_to_batch([views[i] for i in keep]), temperature)
+        sums[torch.tensor(keep, dtype=torch.long)] = torch.as_tensor(found, dtype=torch.float64).cpu()
     counts = [len(data.trajectories[src.name]) for src in others]
     return {src.name: part for src, part in zip(others, torch.split(sums, counts))}
 
@@ -142,6 +169,15 @@ def _learner_old_logps(data: StepData, learner: str, source: str) -> torch.Tenso
     if found is None:
         raise ValueError(f"no π_old of learner {learner!r} on agent {source!r}'s responses, which this algorithm "
                          "needs (StepPasses.learner_old_on_others); run stages.old_logprobs on this step first")
+    return found
+
+
+def _reference_logps(data: StepData, learner: str) -> list[torch.Tensor]:
+    """Per-token reference log-probs of ``learner``'s own responses, as :func:`old_logprobs` left them."""
+    found = data.passes.reference_on_self.get(learner)
+    if found is None:
+        raise ValueError(f"no reference log-probs of agent {learner!r}'s own responses, which the KL penalty needs "
+                         "(hacpo.kl_coef > 0); run stages.old_logprobs on this step first")
     return found
 
 
@@ -159,6 +195,7 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
                                             "source_logp_sum": [], "source_len": [], "source_index": [],
                                             "cross_center": [], "learner_old_logp_sum": []}
     old_tokens: list[torch.Tensor] = []
+    ref_tokens: list[torch.Tensor] = []  # the KL's reference on self rows; cross rows stay empty (zeros once padded)
     for pos, src in enumerate(sources):
         src_trajs = data.trajectories[src.name]
         trajs.extend(src_trajs)
@@ -174,21 +211,37 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
         parts["cross_center"].append(torch.full((len(src_trajs),), center, dtype=torch.float64))
         old_tokens.extend(data.passes.source_token_logps.get(src.name, []))
+        if passes.reference_on_self:
+            ref_tokens.extend(_reference_logps(data, rt.name) if src.index == rt.index
+                              else [torch.zeros(0)] * len(src_trajs))
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts))
     fields = {k: torch.cat(v) if v else None for k, v in parts.items()}
     if centers is None:
         fields["cross_center"] = None
     old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
-    inputs = LossInputs(**fields, old_token_logp=old)
+    ref = torch.nn.utils.rnn.pad_sequence(ref_tokens, batch_first=True) if ref_tokens else None
+    inputs = LossInputs(**fields, old_token_logp=old, ref_token_logp=ref)
     keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
     return views_to_batch(views, inputs.select(torch.tensor(keep, dtype=torch.long)))
 
 
-def split_mini_batches(batch: SequenceBatch, num: int, seed: int) -> list[SequenceBatch]:
-    """Shuffle the learner's step batch and split it into ``num`` near-equal mini-batches (docs/algorithm.md §7)."""
-    order = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
-    return [batch.select(chunk) for chunk in torch.tensor_split(order, num) if chunk.numel()]
+def split_mini_batches(batch: SequenceBatch, num: int, seed: int, order: str = "shuffle") -> list[SequenceBatch]:
+    """Split the learner's step batch into ``num`` near-equal mini-batches (docs/algorithm.md §7), after
+    ``order`` (``train.minibatch_order``): ``shuffle`` (seeded), or ``self_first`` (the learner's own responses,
+    then the others', each in batch order, unshuffled: cross samples meet the later, tighter windows of eq. 14)."""
+    if order == "self_first":
+        own = _required_inputs(batch).is_self
+        index = torch.cat([torch.nonzero(own).flatten(), torch.nonzero(~own).flatten()])
+    else:
+        index = torch.randperm(len(batch), generator=torch.Generator().manual_seed(seed))
+    return [batch.select(chunk) for chunk in torch.tensor_split(index, num) if chunk.numel()]
+
+
+def _required_inputs(batch: SequenceBatch) -> LossInputs:
+    if batch.loss_inputs is None:
+        raise ValueError("train.minibatch_order=self_first needs the batch's loss_inputs (which rows are self)")
+    return batch.loss_inputs
 
 
 def reward_metrics(data: StepData, names: list[str]) -> dict[str, float]:
