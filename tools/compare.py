@@ -21,7 +21,7 @@ tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (fina
 ±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5d (``hacpo+pessimistic``, ``hacpo+adaptive``,
-``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``).
+``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``).
 """
 
 from __future__ import annotations
@@ -78,6 +78,10 @@ VARIANTS = {
     "hacpo+both": ("hacpo.cross_clip_mode=pessimistic", "hacpo.cross_window=adaptive"),
     "hacpo+gspo_clip": ("hacpo.cross_clip_mode=gspo",),
     "hacpo+decoupled": ("hacpo.cross_clip_mode=decoupled",),
+    # the reference code's training settings (docs/algorithm.md §6-7): KL 1e-3 on self responses, every EOS
+    # stripped, self samples first in the mini-batches
+    "hacpo+parity": ("hacpo.kl_coef=1e-3", "hacpo.kl_estimator=low_var_kl", "rollout.eos_mode=strip_all",
+                     "train.minibatch_order=self_first"),
 }
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.

@@ -17,7 +17,8 @@ from typing import Any
 
 METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
                  "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both",
-                 "hacpo+gspo_clip": "HACPO+GSPO clip", "hacpo+decoupled": "HACPO+decoupled"}
+                 "hacpo+gspo_clip": "HACPO+GSPO clip", "hacpo+decoupled": "HACPO+decoupled",
+                 "hacpo+parity": "HACPO (parity)", "naive_merge": "Naive (merge)"}
 
 
 class CompareError(ValueError):

@@ -318,3 +318,12 @@ def test_each_method_keeps_its_colour_in_every_paired_panel(tmp_path, monkeypatc
     # panels (baseline hacpo: gspo_x2, naive) × 2 agents, then (baseline naive: hacpo, gspo_x2) × 2 agents
     assert drawn == ["C1", "C2"] * 2 + ["C0", "C1"] * 2
     assert (tmp_path / "p.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_parity_method_and_naive_merge_share_the_warmup(tmp_path):
+    specs = cmp.plan_runs("cpu_demo", ["hacpo", "hacpo+parity", "naive_merge"], [3], [], tmp_path)
+    parity = {s.method: s for s in specs}["hacpo+parity"].exp
+    assert (parity.hacpo.kl_coef, parity.hacpo.kl_estimator) == (1e-3, "low_var_kl")
+    assert (parity.rollout.eos_mode, parity.train.minibatch_order) == ("strip_all", "self_first")
+    assert {s.method: s for s in specs}["naive_merge"].exp.hacpo.algorithm == "naive_merge"
+    assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1
