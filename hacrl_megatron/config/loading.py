@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import types
 import typing
 from pathlib import Path
@@ -12,6 +13,8 @@ import yaml
 
 from hacrl_megatron.config.schema import PRESET_DIR, ConfigError, ExperimentConfig
 from hacrl_megatron.config.validation import validate
+
+FLOAT_LITERAL = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 
 
 def _yaml_problem(err: yaml.YAMLError) -> str:
@@ -67,6 +70,9 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         raise ConfigError(f"{path}: expected an integer, got {value!r}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        # YAML 1.1 reads 1e-3 (no dot) as a string; a plain decimal or exponent literal is still a number
+        if isinstance(value, str) and FLOAT_LITERAL.fullmatch(value.strip()):
             return float(value)
         raise ConfigError(f"{path}: expected a number, got {value!r}")
     if tp is str:

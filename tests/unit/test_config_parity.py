@@ -38,3 +38,13 @@ def test_paper_presets_take_the_reference_codes_values(preset):
     assert (exp.hacpo.kl_coef, exp.hacpo.kl_estimator) == (1e-3, "low_var_kl")
     assert exp.rollout.eos_mode == "strip_all"
     assert exp.train.minibatch_order == "self_first"
+
+
+def test_exponent_literals_without_a_dot_are_numbers():
+    """YAML 1.1 reads ``1e-3`` as a string; a float field takes it as the number it spells."""
+    assert load_config("cpu_demo", ["hacpo.kl_coef=1e-3"]).hacpo.kl_coef == 1e-3
+    assert load_config("cpu_demo", ["agents.0.lr=3E-4"]).agents[0].lr == 3e-4
+    with pytest.raises(ConfigError, match="hacpo.kl_coef: expected a number, got '1e-3x'"):
+        load_config("cpu_demo", ["hacpo.kl_coef=1e-3x"])
+    with pytest.raises(ConfigError, match="train.steps: expected an integer"):
+        load_config("cpu_demo", ["train.steps=1e3"])  # integers stay integers
