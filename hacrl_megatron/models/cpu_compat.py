@@ -61,6 +61,8 @@ def enable_cpu_compat() -> bool:
         _patch_torch_cuda()
         _patch_megatron_rng()
         _patch_megatron_recompute()
+        _patch_megatron_backward_allocations()
+        _patch_megatron_moe()
         _GLOBAL_PATCHED = True
     if not cpu_compat_active():
         mode = _CudaToCpuMode()
@@ -177,6 +179,64 @@ def _patch_megatron_recompute() -> None:
             return original(ctx, *grads)
 
     CheckpointFunction.backward = staticmethod(backward)
+
+
+def _run_backward_under_mode(function: type) -> None:
+    """Make ``function.backward`` (a ``torch.autograd.Function``) run under the device mapping; the
+    autograd engine calls it where this thread's torch-function mode is not in effect."""
+    if getattr(function.backward, "_hacrl_cpu_compat", False):
+        return
+    original = function.backward
+
+    def backward(ctx: Any, *grads: Any) -> Any:
+        with _CudaToCpuMode():
+            return original(ctx, *grads)
+
+    backward._hacrl_cpu_compat = True  # type: ignore[attr-defined]
+    function.backward = staticmethod(backward)
+
+
+def _patch_megatron_backward_allocations() -> None:
+    """Sequence parallelism (TP > 1 with MoE) and expert parallelism allocate their gathered and
+    reduce-scattered buffers with ``device=torch.cuda.current_device()`` inside the backward of the
+    autograd functions of ``tensor_parallel/mappings.py`` and ``tensor_parallel/layers.py`` (the same
+    cause as the recompute fix); run every such backward under the mode."""
+    try:
+        from megatron.core.tensor_parallel import layers, mappings
+    except ImportError:  # megatron-core not installed: nothing to patch
+        return
+    for module in (mappings, layers):
+        for value in list(vars(module).values()):
+            if isinstance(value, type) and issubclass(value, torch.autograd.Function) and value.__module__ == module.__name__:
+                _run_backward_under_mode(value)
+
+
+def _patch_megatron_moe() -> None:
+    """megatron-core's MoE layers without Transformer Engine on a CPU:
+
+    * 0.16.1: ``moe_utils`` imports ``te_general_gemm`` only inside its TE ``try`` block and never
+      defines it otherwise, so the router's gating GEMM raises ``NameError`` without TE; it is set
+      to None, the fallback megatron's own code tests for (torch.mm).
+    * both versions: the all-to-all dispatcher moves its split sizes to the host with
+      ``maybe_move_tensor_to_cpu``, which converts CUDA tensors only, so on a CPU
+      ``all_to_all_single`` got tensor split sizes; CPU tensors now become the same numpy arrays the
+      CUDA path returns.
+    """
+    try:
+        from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    except ImportError:  # megatron-core not installed (or without MoE): nothing to patch
+        return
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+    original = moe_utils.maybe_move_tensor_to_cpu
+
+    def maybe_move(tensor: Any, as_numpy: bool = False, record_stream: bool = False) -> Any:
+        if torch.is_tensor(tensor) and not tensor.is_cuda and as_numpy:
+            return tensor.numpy()
+        return original(tensor, as_numpy=as_numpy, record_stream=record_stream)
+
+    moe_utils.maybe_move_tensor_to_cpu = maybe_move
+    token_dispatcher.maybe_move_tensor_to_cpu = maybe_move
 
 
 # --------------------------------------------------------------------------------------------

@@ -86,3 +86,65 @@ def test_strict_no_op_when_cuda_is_available():
         "assert torch.cuda.current_device is orig\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[2]))
+
+
+def test_moe_router_gemm_runs_without_transformer_engine():
+    """megatron-core 0.16.1 never defines ``te_general_gemm`` without TE: the router's gating GEMM
+    raised NameError; with the fix it is torch.mm in the router dtype."""
+    pytest.importorskip("megatron.core")
+    enable_cpu_compat()
+    from megatron.core.transformer.moe import moe_utils
+
+    inp = torch.randn(5, 8, requires_grad=True)
+    weight = torch.randn(4, 8, requires_grad=True)
+    out = moe_utils.router_gating_linear(inp, weight, None, torch.float32)
+    torch.testing.assert_close(out, inp @ weight.t())
+    out.sum().backward()
+    torch.testing.assert_close(weight.grad, torch.ones(5, 4).t() @ inp.detach())
+
+
+def test_all_to_all_split_sizes_are_host_lists_on_cpu():
+    """The all-to-all dispatcher moves its split sizes to the host with ``maybe_move_tensor_to_cpu``,
+    which converted CUDA tensors only: on a CPU ``all_to_all_single`` got tensors; now the same numpy
+    arrays as on GPU (EP = 2 over gloo is tested in tests/distributed/test_moe_worlds.py)."""
+    pytest.importorskip("megatron.core")
+    import numpy as np
+
+    enable_cpu_compat()
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    for fn in (token_dispatcher.maybe_move_tensor_to_cpu, moe_utils.maybe_move_tensor_to_cpu):
+        splits = fn(torch.tensor([3, 1]), as_numpy=True)
+        assert isinstance(splits, np.ndarray) and splits.tolist() == [3, 1]
+        kept = torch.tensor([2])
+        assert fn(kept) is kept  # as_numpy=False: unchanged, as on GPU for CPU tensors
+
+
+def test_tensor_parallel_backwards_run_under_the_device_mapping():
+    """The autograd engine runs ``Function.backward`` outside this thread's torch-function mode; the
+    sequence-parallel and expert-parallel backwards of tensor_parallel/mappings.py and layers.py
+    allocate on ``torch.cuda.current_device()`` there. A backward that allocates on "cuda" now gets a
+    CPU tensor (the TP2·SP and EP2 worlds of tests/distributed/test_moe_worlds.py run them for real)."""
+    pytest.importorskip("megatron.core")
+    enable_cpu_compat()
+    from megatron.core.tensor_parallel import layers, mappings
+
+    wrapped = [cls for mod in (mappings, layers) for cls in vars(mod).values()
+               if isinstance(cls, type) and issubclass(cls, torch.autograd.Function) and cls.__module__ == mod.__name__]
+    assert len(wrapped) >= 10 and all(getattr(cls.backward, "_hacrl_cpu_compat", False) for cls in wrapped)
+
+    class AllocatesOnCuda(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x * 2
+
+        @staticmethod
+        def backward(ctx, grad):
+            return torch.empty(grad.shape, device=torch.cuda.current_device()).copy_(grad) * 2
+
+    from hacrl_megatron.models.cpu_compat import _run_backward_under_mode
+
+    _run_backward_under_mode(AllocatesOnCuda)
+    x = torch.ones(3, requires_grad=True)
+    AllocatesOnCuda.apply(x).sum().backward()
+    assert x.grad.tolist() == [2.0, 2.0, 2.0]
