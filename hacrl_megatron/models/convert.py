@@ -17,7 +17,13 @@ Layout facts this relies on (megatron-core GPTModel, local and TE specs):
 * The (padded) vocabulary is split contiguously; rows past the HF vocab are zero.
 * Local spec names ``input_layernorm`` / ``pre_mlp_layernorm``; TE spec fuses them as
   ``linear_qkv.layer_norm_weight`` / ``linear_fc1.layer_norm_weight``; both map to the same HF names.
-* Parameter names use stage-local layer indices; global index = pp_rank · L/pp + local index.
+* Parameter names use stage-local layer indices; global index = the stage's first layer + local
+  index (stages may hold uneven layer counts, ``config/layout.pipeline_layers``).
+* MoE layers (models/convert_moe.py): the router is replicated over TP; experts are split over EP
+  (whole experts, expert-local indices) and each expert over the expert tensor-parallel group (ETP)
+  like a dense MLP over TP; HF's fused in-memory expert tensors are read through
+  :class:`~hacrl_megatron.models.convert_moe.FusedExpertSource`, the export uses the per-expert
+  on-disk names (what checkpoints, SGLang and ``from_pretrained`` read).
 """
 
 from __future__ import annotations
@@ -32,7 +38,16 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.config.layout import layer_offset as _stage_offset
+from hacrl_megatron.config.layout import pipeline_layers
 from hacrl_megatron.errors import InputError
+from hacrl_megatron.models.convert_moe import (
+    FusedExpertSource,
+    expand_expert_suffixes,
+    expert_of,
+    moe_hf_shape,
+    moe_layer_rule,
+)
 from hacrl_megatron.models.provider import DTYPES, ArchSpec
 
 _LAYER = re.compile(r"^decoder\.layers\.(\d+)\.(.+)$")
@@ -67,17 +82,20 @@ class Plan:
 
     kind: str  # rep | col | qkv | fc1 | vocab
     hf_names: tuple[str, ...]
+    split: str = "tp"  # the group that shards it: tp, or etp (routed experts)
 
 
-def plan_for(spec: ArchSpec, name: str, layer_offset: int) -> Plan:
-    """Plan for Megatron parameter ``name`` (stage-local) on a stage whose first layer is ``layer_offset``."""
+def plan_for(spec: ArchSpec, name: str, layer_offset: int, expert_offset: int = 0) -> Plan:
+    """Plan for Megatron parameter ``name`` (stage-local) on a stage whose first layer is ``layer_offset``
+    (an expert parameter's local index + ``expert_offset`` is its global expert)."""
     m = _LAYER.match(name)
     if m:
-        rule = _LAYER_RULES.get(m.group(2))
-        if rule is None:
+        moe = moe_layer_rule(spec, m.group(2), expert_offset)
+        rule = (*moe[:2],) if moe else _LAYER_RULES.get(m.group(2))
+        if rule is None or (spec.is_moe and m.group(2).startswith("mlp.linear_fc")):
             raise CheckpointMismatchError(f"no HF mapping for Megatron parameter {name!r} ({spec.arch})")
         prefix = f"model.layers.{int(m.group(1)) + layer_offset}."
-        return Plan(rule[0], tuple(prefix + s for s in rule[1]))
+        return Plan(rule[0], tuple(prefix + s for s in rule[1]), moe[2] if moe else "tp")
     if name == "embedding.word_embeddings.weight":
         return Plan("vocab", ("model.embed_tokens.weight",))
     if name == "output_layer.weight":
@@ -106,6 +124,10 @@ class TensorSource(abc.ABC):
     def get(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         """Tensor ``name``, or only rows/columns [start, stop) along ``dim``."""
 
+    def get_index(self, name: str, index: int) -> torch.Tensor:
+        """``tensor[index]`` of tensor ``name`` (one expert of a fused 3-D expert tensor)."""
+        return self.get(name)[index]
+
 
 class DictSource(TensorSource):
     """An in-memory HF state dict (e.g. a model loaded from GGUF by transformers)."""
@@ -122,6 +144,9 @@ class DictSource(TensorSource):
     def get(self, name: str, dim: int | None = None, start: int = 0, stop: int | None = None) -> torch.Tensor:
         t = self._sd[name]
         return t if dim is None else t.narrow(dim, start, (stop if stop is not None else t.shape[dim]) - start)
+
+    def get_index(self, name: str, index: int) -> torch.Tensor:
+        return self._sd[name][index]
 
 
 def open_safetensors(fname: str) -> Any:
@@ -188,13 +213,20 @@ class SafetensorsSource(TensorSource):
         stop = stop if stop is not None else sl.get_shape()[dim]
         return sl[start:stop] if dim == 0 else sl[:, start:stop]
 
+    def get_index(self, name: str, index: int) -> torch.Tensor:
+        return self._slice(name)[index : index + 1][0]  # reads only that expert
 
-def as_source(src: str | dict[str, torch.Tensor] | TensorSource) -> TensorSource:
-    if isinstance(src, TensorSource):
-        return src
+
+def as_source(src: str | dict[str, torch.Tensor] | TensorSource, spec: ArchSpec | None = None) -> TensorSource:
+    """A :class:`TensorSource` over ``src``; with an MoE ``spec``, fused in-memory expert tensors are
+    presented under their per-expert on-disk names."""
     if isinstance(src, dict):
-        return DictSource(src)
-    return SafetensorsSource(str(src))
+        src = DictSource(src)
+    elif not isinstance(src, TensorSource):
+        src = SafetensorsSource(str(src))
+    if spec is not None and spec.is_moe and FusedExpertSource.wraps(src):
+        return FusedExpertSource(src, spec.arch, spec.num_experts)  # type: ignore[return-value]
+    return src
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,7 +248,9 @@ def hf_shape(spec: ArchSpec, hf_name: str) -> tuple[int, ...]:
         return (spec.vocab_size, h)
     if hf_name == "model.norm.weight":
         return (h,)
-    return table[hf_name.split(".", 3)[3]]
+    suffix = hf_name.split(".", 3)[3]
+    shape = moe_hf_shape(spec, suffix) if spec.is_moe else None
+    return shape if shape is not None else table[suffix]
 
 
 def _qkv_shard(spec: ArchSpec, src: TensorSource, names: tuple[str, ...], r: int, tp: int) -> torch.Tensor:
@@ -257,8 +291,8 @@ def megatron_shard(spec: ArchSpec, plan: Plan, src: TensorSource, local_shape: t
         return src.get(names[0], 1, r * n, (r + 1) * n)
     if plan.kind == "qkv":
         return _qkv_shard(spec, src, names, r, tp)
-    if plan.kind == "fc1":
-        n = spec.ffn_hidden_size // tp
+    if plan.kind == "fc1":  # gate and up rows of a dense MLP (over tp) or of one expert (over etp)
+        n = src.shape(names[0])[0] // tp
         return torch.cat([src.get(names[0], 0, r * n, (r + 1) * n), src.get(names[1], 0, r * n, (r + 1) * n)])
     return _vocab_shard(spec, src, names[0], local_shape[0], r)
 
@@ -271,7 +305,22 @@ def unwrap(model: Any) -> Any:
 
 
 def layer_offset(spec: ArchSpec, pp_rank: int, pp: int) -> int:
-    return pp_rank * (spec.num_layers // pp)
+    """Global index of the first layer of pipeline stage ``pp_rank``."""
+    return _stage_offset(spec.num_layers, pp, pp_rank)
+
+
+def _split_ranks() -> dict[str, tuple[int, int]]:
+    """(rank, size) of this rank in the tensor-parallel and the expert tensor-parallel group."""
+    from megatron.core import parallel_state as mpu
+
+    return {"tp": (mpu.get_tensor_model_parallel_rank(), mpu.get_tensor_model_parallel_world_size()),
+            "etp": (mpu.get_expert_tensor_parallel_rank(), mpu.get_expert_tensor_parallel_world_size())}
+
+
+def _expert_offset(spec: ArchSpec) -> int:
+    from megatron.core import parallel_state as mpu
+
+    return mpu.get_expert_model_parallel_rank() * (spec.num_experts // mpu.get_expert_model_parallel_world_size())
 
 
 @torch.no_grad()
@@ -284,13 +333,14 @@ def load_hf_weights(model: Any, spec: ArchSpec, source: str | dict[str, torch.Te
     """
     from megatron.core import parallel_state as mpu
 
-    src = as_source(source)
-    tp, r = mpu.get_tensor_model_parallel_world_size(), mpu.get_tensor_model_parallel_rank()
+    src = as_source(source, spec)
+    splits = _split_ranks()
     offset = layer_offset(spec, mpu.get_pipeline_model_parallel_rank(), mpu.get_pipeline_model_parallel_world_size())
+    experts = _expert_offset(spec) if spec.is_moe else 0
     count = 0
     for name, param in unwrap(model).named_parameters():
-        plan = plan_for(spec, name, offset)
-        shard = megatron_shard(spec, plan, src, tuple(param.shape), r, tp)
+        plan = plan_for(spec, name, offset, experts)
+        shard = megatron_shard(spec, plan, src, tuple(param.shape), *splits[plan.split])
         if tuple(shard.shape) != tuple(param.shape):
             raise CheckpointMismatchError(
                 f"{name}: HF {plan.hf_names} give a shard of shape {tuple(shard.shape)}, the model has {tuple(param.shape)}"
@@ -327,51 +377,84 @@ def _to_hf(spec: ArchSpec, plan: Plan, shards: list[torch.Tensor]) -> list[torch
     return [torch.cat(q), torch.cat(k), torch.cat(v)]
 
 
-def _export_order(spec: ArchSpec, model: Any, pp: int) -> list[tuple[int, str]]:
-    """(owning pipeline stage, stage-local Megatron name) for every exported parameter, in HF order."""
-    per_stage = spec.num_layers // pp
+def _export_order(spec: ArchSpec, model: Any, pp: int, ep: int = 1) -> list[tuple[int, str, int | None]]:
+    """(owning pipeline stage, stage-local Megatron name, global expert or None) for every exported
+    parameter, in HF order; an expert's name carries its expert-local index on its owning EP rank."""
+    split = pipeline_layers(spec.num_layers, pp)
     own = [n for n, _ in unwrap(model).named_parameters()]
     first = min(int(m.group(1)) for m in map(_LAYER.match, own) if m)
     layer_suffixes = [m.group(2) for m in map(_LAYER.match, own) if m and int(m.group(1)) == first]
-    order = [(0, "embedding.word_embeddings.weight")]
-    for i in range(spec.num_layers):
-        order += [(i // per_stage, f"decoder.layers.{i % per_stage}.{s}") for s in layer_suffixes]
-    order.append((pp - 1, "decoder.final_layernorm.weight"))
+    per_layer = expand_expert_suffixes(spec, layer_suffixes, ep)
+    order: list[tuple[int, str, int | None]] = [(0, "embedding.word_embeddings.weight", None)]
+    for stage, count in enumerate(split):
+        for i in range(count):
+            order += [(stage, f"decoder.layers.{i}.{_local_expert(s, e, spec, ep)}", e) for s, e in per_layer]
+    order.append((pp - 1, "decoder.final_layernorm.weight", None))
     if not spec.tie_embeddings:
-        order.append((pp - 1, "output_layer.weight"))
+        order.append((pp - 1, "output_layer.weight", None))
     return order
+
+
+def _local_expert(suffix: str, expert: int | None, spec: ArchSpec, ep: int) -> str:
+    """``suffix`` with its expert-local index set to global ``expert``'s index on its EP rank."""
+    if expert is None:
+        return suffix
+    _, fc = expert_of(suffix)  # type: ignore[misc]
+    local = expert % (spec.num_experts // ep)
+    if suffix.startswith("mlp.experts.local_experts."):
+        return f"mlp.experts.local_experts.{local}.{fc}.weight"
+    return f"mlp.experts.{fc}.weight{local}"
+
+
+def _gather(local: torch.Tensor, size: int, group: Any) -> list[torch.Tensor]:
+    """The ``size`` shards of ``local`` over ``group``, in rank order (no copy when size is 1)."""
+    import torch.distributed as dist
+
+    if size == 1:
+        return [local]
+    shards = [torch.empty_like(local) for _ in range(size)]
+    dist.all_gather(shards, local.contiguous(), group=group)
+    return shards
 
 
 @torch.no_grad()
 def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield ``(hf_name, full tensor)`` for the whole model, one parameter at a time, on every rank.
 
-    Collective over the agent's TP and PP groups: every rank of the agent must iterate the stream
-    to the end in step. Tensors are fresh (not views of parameters), on this rank's device, with
-    the HF (unpadded) vocabulary, all in the checkpoint dtype ``spec.dtype``: megatron-core keeps
-    some parameters in float32 whatever ``params_dtype`` says (the RMSNorm weights of the local
-    spec), and a bfloat16 checkpoint must come back bfloat16 in every tensor, as its config says.
+    Collective over the agent's TP, PP (and, for MoE, expert) groups: every rank of the agent must
+    iterate the stream to the end in step. Tensors are fresh (not views of parameters), on this
+    rank's device, with the HF (unpadded) vocabulary, all in the checkpoint dtype ``spec.dtype``:
+    megatron-core keeps some parameters in float32 whatever ``params_dtype`` says (the RMSNorm
+    weights of the local spec), and a bfloat16 checkpoint must come back bfloat16 in every tensor,
+    as its config says. An expert is gathered over ETP on its EP rank, then broadcast over EP.
     """
     import torch.distributed as dist
     from megatron.core import parallel_state as mpu
 
     tp, pp = mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
+    ep = mpu.get_expert_model_parallel_world_size() if spec.is_moe else 1
+    etp = mpu.get_expert_tensor_parallel_world_size() if spec.is_moe else 1
+    ep_rank = mpu.get_expert_model_parallel_rank() if spec.is_moe else 0
     stage = mpu.get_pipeline_model_parallel_rank()
     params = dict(unwrap(model).named_parameters())
     device = next(iter(params.values())).device
     dtype = DTYPES[spec.dtype]
-    for owner, name in _export_order(spec, model, pp):
-        plan = plan_for(spec, name, layer_offset(spec, owner, pp))
-        if owner == stage:
+    for owner, name, expert in _export_order(spec, model, pp, ep):
+        holder = 0 if expert is None else expert // (spec.num_experts // ep)  # EP rank holding the expert
+        plan = plan_for(spec, name, layer_offset(spec, owner, pp), holder * (spec.num_experts // ep))
+        if owner == stage and holder == ep_rank:
             local = params[name].detach()
-            shards = [local] if tp == 1 else [torch.empty_like(local) for _ in range(tp)]
-            if tp > 1:
-                dist.all_gather(shards, local.contiguous(), group=mpu.get_tensor_model_parallel_group())
+            if plan.split == "etp":
+                shards = _gather(local, etp, mpu.get_expert_tensor_parallel_group() if etp > 1 else None)
+            else:
+                shards = _gather(local, tp, mpu.get_tensor_model_parallel_group() if tp > 1 else None)
             tensors = [t.to(dtype) for t in _to_hf(spec, plan, shards)]  # no copy when already `dtype`
             del shards, local  # the gathered copies must not live on while the consumer holds the output
         else:
             tensors = [torch.empty(hf_shape(spec, n), dtype=dtype, device=device) for n in plan.hf_names]
         for hf_name, tensor in zip(plan.hf_names, tensors):
+            if expert is not None and ep > 1 and owner == stage:
+                dist.broadcast(tensor, group=mpu.get_expert_model_parallel_group(), group_src=holder)
             if pp > 1:
                 dist.broadcast(tensor, group=mpu.get_pipeline_model_parallel_group(), group_src=owner)
             yield hf_name, tensor
