@@ -174,17 +174,17 @@ def validate_data_names(data: DataConfig) -> None:
 
 def check_data_files(data: DataConfig) -> list[Path]:
     """The files ``data`` reads, checked to exist now (no parsing); [] for procedural tasks.
-    ``data.checker``, when set, is imported and checked too.
+    ``data.checker``, when set, is imported and checked too (in a child process, bounded in time).
 
     Raises ConfigError naming ``data.path`` (or ``$HACRL_DATA_DIR``) and where files were expected.
     """
     from hacrl_megatron.data import BENCHMARKS
     from hacrl_megatron.data.benchmarks import resolve_data_files
-    from hacrl_megatron.reward.custom import CheckerError, load_checker
+    from hacrl_megatron.reward.custom import CheckerError, check_checker
 
-    if data.checker is not None:  # the user's checker imports and has the right signature
+    if data.checker is not None:  # the user's checker imports (in bounded time) and has the right signature
         try:
-            load_checker(data.checker)
+            check_checker(data.checker)
         except CheckerError as err:
             raise ConfigError(str(err)) from None
     if data.task not in BENCHMARKS:

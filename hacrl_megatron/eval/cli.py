@@ -54,6 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--verifier-workers", type=int, default=0, help="verifier processes (0: in-process)")
     p.add_argument("--verifier-mode", default="math", help="math (paper's exact match) | math_verify")
+    p.add_argument("--verifier-timeout-s", type=float, default=5.0,
+                   help="seconds one response may take to score (a --checker always runs under it)")
     p.add_argument("--checker", default=None, metavar="MODULE:FUNCTION",
                    help="a user's verifier instead of the built-in one: 'pkg.module:function' or "
                         "'file.py:function', f(response, reference) -> reward in [0, 1] (examples/custom_task)")
@@ -84,7 +86,8 @@ def main(args: argparse.Namespace) -> int:
                             max_new_tokens=args.max_new_tokens, template=args.template, seed=args.seed)
     results = []
     score_fn = custom_score_fn(args.checker, field="--checker")  # checked before any model loads
-    with VerifierPool(num_workers=args.verifier_workers, mode=args.verifier_mode, score_fn=score_fn) as verifier:
+    with VerifierPool(num_workers=args.verifier_workers, timeout_s=args.verifier_timeout_s, mode=args.verifier_mode,
+                      score_fn=score_fn) as verifier:
         for agent, name, tok in zip(args.agent, names, tokenizers, strict=True):
             results.append(run_eval(agent, data, settings, tokenizer=tok, model_name=name, dtype=args.dtype,
                                     verifier=verifier))

@@ -8,12 +8,17 @@ field from the dataset file. It is named by a spec string:
 - ``"package.module:function"`` — an importable module (on ``sys.path`` / ``PYTHONPATH``);
 - ``"path/to/checker.py:function"`` — a Python file, relative to the current directory.
 
-The spec is checked when the run starts (:func:`load_checker`: the module imports, the name exists,
+The spec is checked when the run starts (:func:`check_checker`: the module imports, the name exists,
 is callable and takes two positional arguments), so a typo fails before any model is built with an
-error naming ``data.checker``. In the verifier's worker processes the function is loaded again from
-the same spec (:class:`CustomScorer` pickles the spec, never the function), and every call keeps the
-pool's guarantees: an exception or a value outside [0, 1] scores 0 and is counted, a hang is killed
-at the per-item timeout. See ``examples/custom_task``.
+error naming ``data.checker``. That check imports the user's module in a child process bounded by
+:data:`IMPORT_TIMEOUT_S`, so a module that blocks at import stops the run with one line instead of
+hanging it; the controller itself never runs user code. The verifier's worker processes load the
+function from the same spec (:class:`CustomScorer` pickles the spec, never the function) while they
+start, and every call keeps the pool's guarantees: an exception or a value outside [0, 1] scores 0
+and is counted, a hang is killed at the per-item timeout, and a checker that answers none of several
+responses in a row stops the run naming it (:class:`~hacrl_megatron.reward.pool.VerifierPool` runs
+user code in a worker process even when asked for none, so the timeout holds everywhere: warm-up,
+evaluation, RL). See ``examples/custom_task``.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import multiprocessing as mp
 import os
 import re
 import sys
@@ -35,6 +41,8 @@ from hacrl_megatron.reward.verify import RewardRequest
 Checker = Callable[[str, str], float]
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _loaded: dict[str, Checker] = {}  # spec -> function, per process (workers load once)
+_checked: set[str] = set()  # specs whose import was checked in a child process (by this process)
+IMPORT_TIMEOUT_S = 60.0  # seconds the user's module may take to import (and be checked) in the child
 
 
 class CheckerError(InputError):
@@ -124,25 +132,81 @@ def load_checker(spec: str, field: str = "data.checker") -> Checker:
     return fn
 
 
+def _check_in_child(spec: str, field: str, conn) -> None:
+    """Child side of :func:`check_checker`: load the checker, send '' or the reason it cannot be used."""
+    try:
+        load_checker(spec, field)
+        conn.send("")
+    except CheckerError as err:
+        conn.send(str(err))
+    except BaseException as err:  # SystemExit or KeyboardInterrupt raised by the user's module
+        conn.send(f"{field}={spec!r}: importing it raised {type(err).__name__}: {err}")
+
+
+def check_checker(spec: str, field: str = "data.checker", timeout_s: float | None = None) -> str:
+    """Check that ``spec`` names a usable checker, importing it in a child process; returns the spec
+    with a file path made absolute (what worker processes load).
+
+    The import is bounded by ``timeout_s`` (default :data:`IMPORT_TIMEOUT_S`): a module that blocks
+    at import (a network call, a lock, ``time.sleep``) raises :class:`CheckerError` naming ``field``
+    and the spec. Checked specs are remembered for the life of this process.
+    """
+    parsed = parse_checker_spec(spec, field)
+    if parsed.is_file:
+        spec = f"{Path(parsed.target).expanduser().resolve()}:{parsed.function}"
+    if spec in _checked:
+        return spec
+    limit = IMPORT_TIMEOUT_S if timeout_s is None else timeout_s
+    ctx = mp.get_context("spawn")  # safe next to torch's threads; the child starts from a clean state
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_check_in_child, args=(spec, field, child), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        answered = parent.poll(limit)
+        reason = parent.recv() if answered else None
+    except EOFError:
+        answered, reason = True, f"{field}={spec!r}: checking it killed the process (exit code {proc.exitcode})"
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    if not answered:
+        raise CheckerError(f"{field}={spec!r}: importing it did not finish within {limit:g} s; a checker module "
+                           "must import without waiting on anything (check what it does at import time)")
+    if reason:
+        raise CheckerError(reason)
+    _checked.add(spec)
+    return spec
+
+
 @dataclass(frozen=True)
 class CustomScorer:
     """A :class:`~hacrl_megatron.reward.pool.VerifierPool` ``score_fn`` calling a user checker.
 
     Picklable: it carries the spec (file paths made absolute, so worker processes resolve the same
-    file), and each process loads the function once. ``mode`` (the built-in verifier's mode) is
-    not passed on: the checker defines the whole reward.
+    file), and each process loads the function once (:meth:`prepare`, while a worker starts).
+    ``mode`` (the built-in verifier's mode) is not passed on: the checker defines the whole reward.
     """
 
     spec: str
+    field: str = "data.checker"
 
     @classmethod
     def from_spec(cls, spec: str, field: str = "data.checker") -> CustomScorer:
-        """Checked in this process first (:func:`load_checker`), so errors surface before any work."""
-        parsed = parse_checker_spec(spec, field)
-        if parsed.is_file:
-            spec = f"{Path(parsed.target).expanduser().resolve()}:{parsed.function}"
-        load_checker(spec, field)
-        return cls(spec)
+        """Checked first (:func:`check_checker`, in a child process), so errors surface before any work."""
+        return cls(check_checker(spec, field), field)
+
+    @property
+    def user_code(self) -> str:
+        """What runs user code, for messages: ``data.checker='/abs/check.py:score'``. The pool reads it
+        to keep user code in worker processes under its timeout."""
+        return f"{self.field}={self.spec!r}"
+
+    def prepare(self) -> None:
+        """Import the checker now (a worker calls this during its start-up, not on its first item)."""
+        load_checker(self.spec, self.field)
 
     def __call__(self, request: RewardRequest, mode: str) -> float:
         return float(load_checker(self.spec)(request.response, request.reference))

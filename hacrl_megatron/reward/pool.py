@@ -20,7 +20,12 @@ all pipes and process sentinels at once, so:
 
 The pool lives across calls (workers start once and are reused). ``num_workers=0`` scores in the
 calling process: no hard timeout, but the same guards (length caps, the explosive-input screen
-before math-verify, math-verify's own alarms in the main thread).
+before math-verify, math-verify's own alarms in the main thread). A user's own checker (a
+``score_fn`` with a ``user_code`` attribute, :class:`~hacrl_megatron.reward.custom.CustomScorer`)
+always runs in worker processes (one when none is asked for), so ``timeout_s`` bounds user code
+everywhere; when it answers none of ``MAX_USER_TIMEOUTS_IN_A_ROW`` items in a row the pool raises
+:class:`UnresponsiveCheckerError` naming it (a checker that never answers ends the run after about
+``timeout_s × MAX_USER_TIMEOUTS_IN_A_ROW / num_workers`` seconds instead of scoring every response 0).
 
 Usage::
 
@@ -44,6 +49,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
+from hacrl_megatron.errors import InputError
 from hacrl_megatron.reward.math_verify_backend import math_verify_equal
 from hacrl_megatron.reward.verify import MODES, RewardRequest, score_request_with_event
 
@@ -52,7 +58,12 @@ logger = logging.getLogger(__name__)
 ScoreFn = Callable[[RewardRequest, str], float]
 _READY = "ready"
 MAX_STARTUP_FAILURES = 3  # start-up failures in a row of one worker slot before the pool gives up
+MAX_USER_TIMEOUTS_IN_A_ROW = 4  # items a user's checker may leave unanswered in a row before the run stops
 STDERR_TAIL_CHARS = 4000
+
+
+class UnresponsiveCheckerError(InputError):
+    """A user's checker answered none of several items in a row within the timeout; names the checker."""
 
 
 def _warm_up(mode: str) -> None:
@@ -92,6 +103,9 @@ def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, st
     with open(stderr_path, "w") as capture:
         os.dup2(capture.fileno(), 2)
     score_fn = pickle.loads(score_blob) if score_blob is not None else None
+    prepare = getattr(score_fn, "prepare", None)
+    if prepare is not None:  # a user's checker imports now, under the start-up timeout, not an item's
+        prepare()
     _warm_up(mode)
     sys.stderr.flush()
     os.dup2(saved_stderr, 2)
@@ -191,6 +205,9 @@ class VerifierPool:
             raise ValueError(f"mode={mode!r} is not one of {MODES}")
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method={start_method!r} must be 'spawn' or 'forkserver'")
+        self.user_code: str | None = getattr(score_fn, "user_code", None)
+        if self.user_code and num_workers == 0:
+            num_workers = 1  # in-process scoring has no hard timeout: user code always gets a worker
         self.num_workers = num_workers
         self.timeout_s = float(timeout_s)
         self.mode = mode
@@ -203,6 +220,7 @@ class VerifierPool:
         self._stats = {"scored": 0, "timeouts": 0, "errors": 0, "guarded": 0, "restarts": 0}
         self._closed = False
         self._startup_failures = [0] * num_workers
+        self._user_timeouts_in_a_row = 0
         self._workers: list[_Worker] = [self._new_worker() for _ in range(num_workers)]
 
     # -- public API ---------------------------------------------------------------------------
@@ -334,6 +352,7 @@ class VerifierPool:
             index, value, event, error = msg
             results[index] = self._record(value, event, error)
             w.item, w.deadline = None, math.inf
+            self._user_timeouts_in_a_row = 0
             return
         now = time.monotonic()
         if not w.process.is_alive():
@@ -345,8 +364,20 @@ class VerifierPool:
             results[w.item] = 0.0
             self._stats["timeouts"] += 1
             self._replace(slot)
+            self._check_user_code_answers()
         elif not w.ready and now >= w.started + self.startup_timeout_s:
             self._failed_start(slot, f"did not start within {self.startup_timeout_s:.0f}s")
+
+    def _check_user_code_answers(self) -> None:
+        """After a timeout: stop when a user's checker has now left too many items in a row unanswered."""
+        if not self.user_code:
+            return
+        self._user_timeouts_in_a_row += 1
+        if self._user_timeouts_in_a_row >= MAX_USER_TIMEOUTS_IN_A_ROW:
+            raise UnresponsiveCheckerError(
+                f"{self.user_code} answered none of the last {self._user_timeouts_in_a_row} responses within "
+                f"the verifier's timeout ({self.timeout_s:g} s each): a checker must return a reward in bounded "
+                "time; stopped")
 
     def _failed_start(self, slot: int, what: str) -> None:
         """Replace a worker that failed to start; the ``MAX_STARTUP_FAILURES``-th failure in a row

@@ -144,7 +144,8 @@ def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
     configure_process(exp)
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
     out = {}
-    with VerifierPool(num_workers=0, mode=exp.train.verifier_mode,
+    # the built-in verifier scores in-process; a user's checker gets a worker and the run's timeout
+    with VerifierPool(num_workers=0, timeout_s=exp.train.verifier_timeout_s, mode=exp.train.verifier_mode,
                       score_fn=custom_score_fn(exp.data.checker)) as verifier:
         for i, agent in enumerate(exp.agents):
             if not needs_warmup(exp, agent):
