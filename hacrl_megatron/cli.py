@@ -24,6 +24,7 @@ import sys
 import yaml
 
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
+from hacrl_megatron.config.files import check_model_files
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.trainer.run_folder import RunFolderError, resume_note
@@ -48,9 +49,15 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
                    help="dotted overrides, e.g. hacpo.alpha=3 agents.0.parallel.tp=2")
 
 
+def _check_files(cfg) -> None:
+    """The files the run reads exist here (data, checker, models, tokenizers, init checkpoints)."""
+    check_data_files(cfg.data)
+    check_model_files(cfg)
+
+
 def _cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
-    check_data_files(cfg.data)  # data.path must exist here, like at training start-up
+    _check_files(cfg)  # they must exist here, like at training start-up
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
     return 0
 
@@ -88,8 +95,10 @@ def log_to_console() -> None:
 
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
-    check_data_files(cfg.data)  # before any import of torch, warm-up or model build
+    _check_files(cfg)  # before any import of torch, warm-up or model build
     log_to_console()
+    from hacrl_megatron.trainer.guards import NonFiniteError
+
     try:
         from hacrl_megatron.trainer.loop import train
 
@@ -97,6 +106,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line saying where to continue from, exit 130 (128 + SIGINT)
         print(f"hacrl: interrupted; {resume_note(cfg)}", file=sys.stderr)
         return 130
+    except NonFiniteError as err:  # the diverged step wrote no checkpoint: name the newest one
+        print(f"hacrl: {err}; {resume_note(cfg)}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -104,7 +116,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.pretrain import pretrain_all
 
     cfg = load_config(args.preset, args.overrides)
-    check_data_files(cfg.data)
+    _check_files(cfg)
     log_to_console()
     pretrain_all(cfg, force=args.force)
     return 0

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
+from hacrl_megatron.config.ranges import range_error, validate_ranges
 from hacrl_megatron.config.schema import (
     ALGORITHMS,
     ARCHS,
@@ -196,7 +197,26 @@ def check_data_files(data: DataConfig) -> list[Path]:
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
-    """Check every rule; raise ConfigError naming field, value and rule. Returns ``cfg``."""
+    """Check every rule; raise ConfigError naming field, value and rule. Returns ``cfg``.
+
+    Every field's own range is checked too (:func:`~hacrl_megatron.config.ranges.validate_ranges`);
+    when a cross-field rule fails and names another field than one out of its own range (a
+    divisibility rule reporting ``hidden_size`` for a huge ``num_heads``), the field out of range
+    is reported instead.
+    """
+    try:
+        _check_rules(cfg)
+    except ConfigError as err:
+        out_of_range = range_error(cfg)
+        if out_of_range is not None and out_of_range.field not in str(err):
+            raise out_of_range from None
+        raise
+    validate_ranges(cfg)  # every field's real range, names and paths included (config/ranges.py)
+    return cfg
+
+
+def _check_rules(cfg: ExperimentConfig) -> None:
+    """The rules between fields and the enumerations (:func:`validate` adds every field's range)."""
     _rule(len(cfg.agents) >= 1, "agents", len(cfg.agents), "at least one agent is required")
     seen: set[str] = set()
     for i, agent_cfg in enumerate(cfg.agents):
@@ -280,4 +300,3 @@ def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
     _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     _rule(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, "must be >= 1")
-    return cfg

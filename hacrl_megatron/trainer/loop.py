@@ -26,6 +26,7 @@ from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
+from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
@@ -208,7 +209,7 @@ def _train(exp: ExperimentConfig) -> Run:
         if not resumed and exp.train.eval_every and exp.data.eval_size:
             out.log(0, _evaluate(run, out), advance=False)
         while run.step < exp.train.steps:
-            metrics = train_step(run)
+            metrics = guarded_step(run, train_step)  # a non-finite loss/grad/weights stops before the checkpoint
             if exp.train.eval_every and exp.data.eval_size and (
                     run.step % exp.train.eval_every == 0 or run.step == exp.train.steps):
                 metrics.update(_evaluate(run, out))
