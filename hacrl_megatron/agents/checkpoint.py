@@ -53,7 +53,8 @@ def _required_files() -> tuple[str, ...]:
         return _REQUIRED_FILES
     return _REQUIRED_FILES + ("common.pt", ".metadata")
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
-             "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm")
+             "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm", "num_experts", "moe_topk", "moe_ffn_hidden_size",
+             "shared_expert_ffn_hidden_size", "norm_topk_prob")
 
 
 class DamagedCheckpointError(CheckpointMismatchError):

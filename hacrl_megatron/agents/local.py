@@ -14,6 +14,8 @@ so the update equals the full mini-batch gradient. Then grad clipping, the LR sc
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import resource
 import time
 from collections.abc import Iterator
@@ -24,6 +26,7 @@ import torch
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.moe import RouterLosses, RoutingReplay
 from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
 from hacrl_megatron.agents.schedule import (
     LMHead,
@@ -37,6 +40,7 @@ from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
+from hacrl_megatron.models.moe import MoESettings
 from hacrl_megatron.models.parallel import init_parallel
 from hacrl_megatron.models.provider import (
     ArchSpec,
@@ -113,11 +117,14 @@ class LocalAgent:
         if hf_checkpoint is None and init_sub is not None and is_hf_dir(init_sub):
             hf_checkpoint, init_sub = init_sub, None
         self.spec, self.hf_config, source = _resolve_spec(agent_cfg, vocab_size, hf_checkpoint, hf_config)
-        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed)
-        model = build_gpt_model(self.spec, par.tp, par.pp, sequence_parallel=par.sequence_parallel,
-                                recompute=par.recompute)
+        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp)
+        self.sequence_parallel = par.sequence_parallel and par.tp > 1
+        moe = MoESettings.from_model_config(agent_cfg.model) if self.spec.is_moe else None
+        model = build_gpt_model(self.spec, par.tp, par.pp, ep=par.ep, etp=par.etp,
+                                sequence_parallel=par.sequence_parallel, recompute=par.recompute, moe=moe)
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
+        self._router_losses, self._replay = self._moe_bookkeeping(model, moe, par.tp)
         self.head = self._lm_head(model, logprob_impl, par.sequence_parallel)
         self.model, self.optimizer, self.scheduler = self._build_training(model, agent_cfg, train_cfg, total_updates)
         self.updates = 0
@@ -125,6 +132,16 @@ class LocalAgent:
         if init_sub is not None:
             ckpt.load_checkpoint(init_sub, convert.unwrap(self.model), self.optimizer, self.scheduler, self.spec,
                                  with_optimizer=False)
+
+    def _moe_bookkeeping(self, model: Any, moe: MoESettings | None, tp: int) -> tuple[Any, Any]:
+        """This agent's router losses and routing replay (agents/moe.py); (None, None) for dense models."""
+        if moe is None:
+            return None, None
+        group = torch.distributed.group.WORLD if self.info.world_size > 1 else None
+        losses = RouterLosses(model, moe.aux_loss_coeff, moe.z_loss_coeff, tp, group)
+        replay = RoutingReplay(model, self.spec.num_experts, tp, self.sequence_parallel, self.name) \
+            if moe.routing_replay else None
+        return losses, replay
 
     def _lm_head(self, model: Any, impl: str, sequence_parallel: bool) -> LMHead:
         from megatron.core import parallel_state as mpu
@@ -195,7 +212,35 @@ class LocalAgent:
             raise ValueError(f"agent {self.name}: token ids must lie in [0, vocab_size={self.spec.vocab_size}); "
                              f"batch has max id {top} (tokenizer and model vocabularies differ?)")
         idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
-        return split_micro_batches(batch.select(idx), self.train_cfg.micro_batch_size, self._device())
+        micro = split_micro_batches(batch.select(idx), self.train_cfg.micro_batch_size, self._device())
+        return [self._pad_for_sequence_parallel(mb) for mb in micro] if self.sequence_parallel else micro
+
+    def _pad_for_sequence_parallel(self, mb: MicroBatch) -> MicroBatch:
+        """Sequence parallelism splits the sequence over TP ranks: pad T to a multiple of tp (right
+        padding after every real token changes no real token's output, agents/schedule.py)."""
+        b, t = mb.tokens.shape
+        pad = -t % self.info.tp
+        if not pad:
+            return mb
+        tokens = torch.cat([mb.tokens, mb.tokens.new_zeros(b, pad)], dim=1)
+        return dataclasses.replace(mb, tokens=tokens, position_ids=torch.arange(t + pad, device=tokens.device)
+                                   .unsqueeze(0).expand(b, -1).contiguous())
+
+    def _micro_layout(self, batch: SequenceBatch, dp_rank: int) -> list[tuple[list[bytes], list[int], int]]:
+        """Per micro-batch of DP rank ``dp_rank``, as :meth:`_split` forms them: the sequences' keys
+        (token ids as bytes), their lengths, and the padded length T the model sees."""
+        idx = dp_slice(len(batch), self.info.dp, dp_rank)
+        size, out = self.train_cfg.micro_batch_size, []
+        for lo in range(0, len(idx), size):
+            ids = [batch.input_ids[i] for i in idx[lo : lo + size]]
+            t = max(int(x.numel()) for x in ids)
+            t += -t % self.info.tp if self.sequence_parallel else 0
+            out.append(([x.cpu().numpy().tobytes() for x in ids], [int(x.numel()) for x in ids], t))
+        return out
+
+    def _mini_batch_tokens(self, batch: SequenceBatch) -> int:
+        """Tokens the routers see in one update: B·T (padded) over every micro-batch of every DP rank."""
+        return sum(len(keys) * t for r in range(self.info.dp) for keys, _, t in self._micro_layout(batch, r))
 
     def _device(self) -> torch.device:
         return next(self.module.parameters()).device
@@ -230,7 +275,8 @@ class LocalAgent:
 
         micro = self._split(batch)
         self.model.eval()
-        run_schedule(self.model, micro, collect, temperature, self.head, forward_only=True)
+        with self._recording_routes(batch):
+            run_schedule(self.model, micro, collect, temperature, self.head, forward_only=True)
         self.model.train()
         if self._reports():
             idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
@@ -242,6 +288,16 @@ class LocalAgent:
         self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - t0, 1e-9)
         return LogProbOutput(token_logps=flat[:n_tok], cu_seqlens=cu, seq_logp_sum=flat[n_tok:], seq_len=lens)
 
+    def _recording_routes(self, batch: SequenceBatch) -> Any:
+        """Routing replay: a no-grad pass of the live weights records every sequence's experts (the
+        π_old pass); the KL reference's pass does not (its weights are not the policy's)."""
+        if self._replay is None or getattr(self, "_in_reference_pass", False):
+            return contextlib.nullcontext()
+        from megatron.core import parallel_state as mpu
+
+        group = mpu.get_data_parallel_group() if self.info.dp > 1 else None
+        return self._replay.record(self._micro_layout(batch, self.info.dp_rank), self.updates, group)
+
     def keep_reference(self) -> None:
         """Keep this rank's current weight shard (host copy) as the KL penalty's frozen reference
         (agents/reference.py); on every rank."""
@@ -251,7 +307,11 @@ class LocalAgent:
         """:meth:`token_logprobs` under the weights :meth:`keep_reference` kept; on every rank."""
         if getattr(self, "_reference", None) is None:
             raise missing_reference(self.name)
-        return self._reference.run(lambda: self.token_logprobs(batch, temperature))
+        self._in_reference_pass = True
+        try:
+            return self._reference.run(lambda: self.token_logprobs(batch, temperature))
+        finally:
+            self._in_reference_pass = False
 
     def sequence_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
         """Σ log π of each response [S] (float32, at ``temperature``) and its token count [S]; on every rank."""
@@ -266,6 +326,8 @@ class LocalAgent:
         for m, mini in enumerate(mini_batches):
             out.append(self._update(m, mini, loss_fn, temperature))
             tokens += mini.num_tokens()
+        if self._replay is not None:  # the step's π_old routes are used up
+            self._replay.clear()
         self._stats["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
         return out
 
@@ -285,7 +347,8 @@ class LocalAgent:
 
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        run_schedule(self.model, self._split(mini), step_loss, temperature, self.head, forward_only=False)
+        with self._moe_update(mini) as moe_metrics:
+            run_schedule(self.model, self._split(mini), step_loss, temperature, self.head, forward_only=False)
         self.scheduler.step(increment=1)  # lr of update u: schedule at u+1 (warm-up never starts at 0)
         lr = float(self.optimizer.param_groups[0]["lr"])
         ok, grad_norm, _ = self.optimizer.step()
@@ -293,8 +356,21 @@ class LocalAgent:
             raise FloatingPointError(f"agent {self.name}: optimizer step {self.updates} skipped (inf/nan gradients)")
         self.updates += 1
         metrics = self._reduce_metrics(records if self._reports() else [])
-        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr)
+        metrics.update(grad_norm=float(grad_norm) if grad_norm is not None else float("nan"), lr=lr, **moe_metrics)
         return metrics
+
+    @contextlib.contextmanager
+    def _moe_update(self, mini: SequenceBatch) -> Iterator[dict[str, float]]:
+        """An MoE update: router loss coefficients for this mini-batch's tokens (agents/moe.py) and the
+        replayed routes; yields the ``moe/*`` metrics (filled on exit). Nothing for dense models."""
+        if self._router_losses is None:
+            yield {}
+            return
+        with contextlib.ExitStack() as stack:
+            metrics = stack.enter_context(self._router_losses.update(self._mini_batch_tokens(mini)))
+            if self._replay is not None:
+                stack.enter_context(self._replay.replay(self._micro_layout(mini, self.info.dp_rank), self.updates))
+            yield metrics
 
     def _reduce_metrics(self, records: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
         """loss: sum over all micro-batches (the mini-batch loss); other metrics: mean over them."""

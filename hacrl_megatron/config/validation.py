@@ -103,6 +103,9 @@ def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
         _rule(getattr(m, name) >= 0, f"{path}.model.{name}", getattr(m, name), "must be >= 0")
     _rule(moe or not m.moe_routing_replay, f"{path}.model.moe_routing_replay", True,
           f"routing replay needs a Mixture-of-Experts arch {list(MOE_ARCHS)}, model.arch={m.arch!r}")
+    _rule(not m.moe_routing_replay or p.recompute != "full" or p.pp == 1, f"{path}.model.moe_routing_replay", True,
+          "with parallel.recompute=full and pp > 1 the recomputed forwards of several micro-batches interleave and "
+          "megatron's replay would hand them the wrong routes: use recompute none/selective or pp=1")
     _rule(agent_cfg.backend == "megatron" or not moe, f"{path}.backend", agent_cfg.backend,
           "Mixture-of-Experts agents train with backend: megatron")
     if m.hf_path is not None:  # sizes come from the HF config: the provider checks them against the layout

@@ -73,6 +73,8 @@ def test_moe_agent_config_is_valid():
     (["agents.0.model.moe_routing_replay=true"], "agents.0.model.moe_routing_replay=True: routing replay needs"),
     (MOE + ["agents.0.backend=hf"], "Mixture-of-Experts agents train with backend: megatron"),
     (MOE + ["agents.0.parallel.etp=0"], "agents.0.parallel.etp=0: must be >= 1"),
+    (MOE + ["agents.0.model.moe_routing_replay=true", "agents.0.parallel.recompute=full", "agents.0.parallel.pp=2"],
+     "agents.0.model.moe_routing_replay=True: with parallel.recompute=full and pp > 1"),
 ])
 def test_bad_moe_layouts_fail_with_the_field_named(overrides, fragment):
     with pytest.raises(ConfigError) as err:
