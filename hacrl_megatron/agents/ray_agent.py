@@ -112,6 +112,8 @@ class RayAgent:
         env_vars: extra environment of every rank (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME).
     """
 
+    runs_in_process = False  # its ranks compute in their own processes: the loop overlaps agents (trainer/concurrency.py)
+
     def __init__(self, agent_cfg: AgentConfig, train_cfg: TrainConfig, *, vocab_size: int | None = None,
                  hf_checkpoint: Any = None, hf_config: Any = None, total_updates: int | None = None,
                  use_gpu: bool | None = None, cpus_per_rank: int = 1, placement_timeout_s: float = 300.0,

@@ -25,6 +25,7 @@ from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
@@ -106,12 +107,14 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
 
 
 def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
-    """Push every agent's weights into its engine and check them on a probe sequence."""
-    metrics = {}
-    for rt in run.runtimes:
+    """Push every agent's weights into its engines and check them on a probe sequence; agents whose
+    trainer and engines both run elsewhere sync at the same time (trainer/concurrency.py)."""
+    response_text = run.task.sft_target(probe)
+
+    def sync(rt: AgentRuntime) -> dict[str, float]:
         rt.sync_weights()
-        response = rt.tokenizer(run.task.sft_target(probe), add_special_tokens=False)["input_ids"]
-        metrics[f"{rt.name}/sync_logp_diff"] = check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response)
+        response = rt.tokenizer(response_text, add_special_tokens=False)["input_ids"]
+        metrics = {f"{rt.name}/sync_logp_diff": check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response)}
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
         metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
@@ -120,7 +123,12 @@ def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
                 metrics[f"{rt.name}/rollout/{key}"] = float(value)
         for key, value in rt.agent.stats().items():
             metrics[f"{rt.name}/trainer/{key}"] = float(value)
-    return metrics
+        return metrics
+
+    out: dict[str, float] = {}
+    for metrics in for_each(run.runtimes, sync, lambda rt: runs_in_process(rt.agent, rt.engine)):
+        out.update(metrics)
+    return out
 
 
 def train_step(run: Run) -> dict[str, float]:

@@ -20,6 +20,7 @@ from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.reward.verify import RewardRequest
 from hacrl_megatron.rollout.types import Completion, SamplingParams
+from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.runtime import AgentRuntime
 
 
@@ -62,15 +63,18 @@ class StepData:
 
 def rollout(runtimes: list[AgentRuntime], prompts: list[PromptRecord], exp: ExperimentConfig, algorithm: Algorithm,
             step: int) -> dict[str, list[list[Completion]]]:
-    """Every agent samples G responses per prompt with its pre-step weights: name → [P][G] Completion."""
+    """Every agent samples G responses per prompt with its pre-step weights: name → [P][G] Completion.
+    Agents whose engines run elsewhere generate at the same time (trainer/concurrency.py)."""
     r = exp.rollout
-    out = {}
-    for rt in runtimes:
+
+    def sample(rt: AgentRuntime) -> list[list[Completion]]:
         params = SamplingParams(n=algorithm.samples_per_prompt(r.samples_per_prompt), temperature=r.temperature,
                                 top_p=r.top_p, max_new_tokens=r.max_response_len,
                                 seed=step_seed(exp, step, rt.index))
-        out[rt.name] = rt.engine.generate([rt.prompt_ids(p.question) for p in prompts], params)
-    return out
+        return rt.engine.generate([rt.prompt_ids(p.question) for p in prompts], params)
+
+    done = for_each(runtimes, sample, lambda rt: runs_in_process(rt.engine))
+    return {rt.name: completions for rt, completions in zip(runtimes, done)}
 
 
 def verify(verifier: VerifierPool, prompts: list[PromptRecord], completions: dict[str, list[list[Completion]]],
@@ -104,38 +108,61 @@ def prompt_id_map(rt: AgentRuntime, prompts: list[PromptRecord]) -> dict[str, li
     return {p.id: rt.prompt_ids(p.question) for p in prompts}
 
 
+@dataclass
+class _OwnPass:
+    """One agent's forward passes over its own responses (:func:`old_logprobs`)."""
+
+    sums: list[float]
+    lens: list[int]
+    token_logps: list[torch.Tensor] | None = None
+    reference: list[torch.Tensor] | None = None
+
+
 def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchange, algorithm: Algorithm,
                  temperature: float) -> None:
     """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (docs/algorithm.md §3),
     and the extra passes ``algorithm.passes`` asks for into ``data.passes``.
 
-    Runs before any update of the step, at the rollout temperature. A view with no response token
-    (``strip_all`` on an answer that was only an EOS) gets Σ = 0 over L = 0 tokens and is left out of
-    training. Mutates ``data`` in place (trajectories are frozen: they are replaced).
+    Runs before any update of the step, at the rollout temperature; agents whose trainers run elsewhere
+    (Ray) compute at the same time. A view with no response token (``strip_all`` on an answer that was
+    only an EOS) gets Σ = 0 over L = 0 tokens and is left out of training. Mutates ``data`` in place
+    (trajectories are frozen: they are replaced).
     """
     passes = algorithm.passes
-    for rt in runtimes:
-        trajs = data.trajectories[rt.name]
-        views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
-        keep = [i for i, v in enumerate(views) if v.response_len > 0]
-        batch = views_to_batch([views[i] for i in keep])
-        sums, lens = [0.0] * len(views), [0] * len(views)
-        if passes.source_token_logps:
-            out = rt.agent.token_logprobs(batch, temperature) if keep else None
-            data.passes.source_token_logps[rt.name] = _scatter(_per_sequence(out) if out else [], keep, len(views))
-            found = (out.seq_logp_sum, out.seq_len) if out else ([], [])
-        else:
-            found = rt.agent.sequence_logprobs(batch, temperature) if keep else ([], [])
-        for i, s, n in zip(keep, *found):
-            sums[i], lens[i] = float(s), int(n)
-        data.trajectories[rt.name] = [t.with_logp(s, n) for t, s, n in zip(trajs, sums, lens)]
-        if passes.reference_on_self:
-            ref = _per_sequence(rt.agent.reference_token_logprobs(batch, temperature)) if keep else []
-            data.passes.reference_on_self[rt.name] = _scatter(ref, keep, len(views))
+    views = {rt.name: exchange.views(rt.name, data.trajectories[rt.name], prompt_id_map(rt, data.prompts),
+                                     record_stats=False) for rt in runtimes}
+    trainer_elsewhere = lambda rt: runs_in_process(rt.agent)  # noqa: E731
+    own = for_each(runtimes, lambda rt: _own_pass(rt, views[rt.name], algorithm, temperature), trainer_elsewhere)
+    for rt, found in zip(runtimes, own):
+        data.trajectories[rt.name] = [t.with_logp(s, n)
+                                      for t, s, n in zip(data.trajectories[rt.name], found.sums, found.lens)]
+        if found.token_logps is not None:
+            data.passes.source_token_logps[rt.name] = found.token_logps
+        if found.reference is not None:
+            data.passes.reference_on_self[rt.name] = found.reference
     if passes.learner_old_on_others:
-        for rt in runtimes:
-            data.passes.learner_old_on_others[rt.name] = learner_cross_logprobs(rt, runtimes, data, exchange,
-                                                                                 temperature)
+        cross = for_each(runtimes, lambda rt: learner_cross_logprobs(rt, runtimes, data, exchange, temperature),
+                         trainer_elsewhere)
+        data.passes.learner_old_on_others.update({rt.name: part for rt, part in zip(runtimes, cross)})
+
+
+def _own_pass(rt: AgentRuntime, views: list[LearnerView], algorithm: Algorithm, temperature: float) -> _OwnPass:
+    """Agent ``rt``'s π_old (and, where asked for, per-token and reference) pass over its own views."""
+    keep = [i for i, v in enumerate(views) if v.response_len > 0]
+    batch = views_to_batch([views[i] for i in keep])
+    found = _OwnPass([0.0] * len(views), [0] * len(views))
+    if algorithm.passes.source_token_logps:
+        out = rt.agent.token_logprobs(batch, temperature) if keep else None
+        found.token_logps = _scatter(_per_sequence(out) if out else [], keep, len(views))
+        sums, lens = (out.seq_logp_sum, out.seq_len) if out else ([], [])
+    else:
+        sums, lens = rt.agent.sequence_logprobs(batch, temperature) if keep else ([], [])
+    for i, s, n in zip(keep, sums, lens):
+        found.sums[i], found.lens[i] = float(s), int(n)
+    if algorithm.passes.reference_on_self:
+        ref = _per_sequence(rt.agent.reference_token_logprobs(batch, temperature)) if keep else []
+        found.reference = _scatter(ref, keep, len(views))
+    return found
 
 
 def _scatter(values: list[torch.Tensor], keep: list[int], size: int) -> list[torch.Tensor]:
