@@ -50,7 +50,7 @@ ENV PIP_CONSTRAINT=/etc/hacrl/constraints.txt
 RUN python3 -m pip install --no-cache-dir ${MCORE_PIP_FLAGS:+"$MCORE_PIP_FLAGS"} "megatron-core==${MCORE_VERSION}"
 
 # SGLang in its own venv, isolated from the NGC stack: the trainer starts its servers with
-# /opt/sglang/bin/python (HACRL_SGLANG_PYTHON below; config field rollout.sglang_python).
+# /opt/sglang/bin/python (HACRL_SGLANG_PYTHON below; config field rollout.sglang.python).
 # pip is bootstrapped into the venv with the base's pip (--python), so the base needs no ensurepip.
 RUN if [ -n "${SGLANG_REQUIREMENT}" ]; then \
       python3 -m venv --without-pip /opt/sglang \

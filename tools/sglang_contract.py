@@ -41,7 +41,7 @@ SAMPLING = "sglang/srt/sampling/sampling_params.py"
 HTTP_SERVER = "sglang/srt/entrypoints/http_server.py"
 API_TYPES = "sglang/api/v1/api_types.py"
 
-# The request classes behind the routes our client calls (rollout/sglang_engine.py, sync/).
+# The request classes behind the routes our client calls (rollout/sglang_engine.py).
 REQUEST_CLASSES = (
     "GenerateReqInput",
     "UpdateWeightFromDiskReqInput",

@@ -19,6 +19,7 @@ from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.padding import micro_batches, pad_right, response_logprobs_from_logits
 from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
+from hacrl_megatron.config import TrainConfig
 
 
 def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
@@ -32,29 +33,28 @@ def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
 
 
 class HFAgent:
-    """Trains ``model`` (a transformers ``PreTrainedModel``) with AdamW on SequenceBatches."""
+    """Trains ``model`` (a transformers ``PreTrainedModel``) with AdamW on SequenceBatches.
 
-    def __init__(
-        self,
-        name: str,
-        model: Any,
-        *,
-        lr: float,
-        micro_batch_size: int = 64,
-        grad_clip: float = 1.0,
-        weight_decay: float = 0.0,
-        betas: tuple[float, float] = (0.9, 0.999),
-        lr_warmup_steps: int = 0,
-        lr_schedule: str = "constant",
-        total_updates: int = 1,
-    ) -> None:
+    Args:
+        name: the agent's name (``agents.N.name``).
+        model: the model, trained in place.
+        lr: AdamW learning rate (``agents.N.lr``).
+        train_cfg: micro_batch_size, grad_clip, weight_decay, adam_beta1/2, lr_warmup_steps,
+            lr_schedule; None: :class:`~hacrl_megatron.config.TrainConfig`'s defaults.
+        total_updates: optimizer updates of the whole run (the cosine schedule's length).
+    """
+
+    def __init__(self, name: str, model: Any, *, lr: float, train_cfg: TrainConfig | None = None,
+                 total_updates: int = 1) -> None:
+        t = train_cfg if train_cfg is not None else TrainConfig()
         self.name = name
         self.model = model
-        self.micro_batch_size = micro_batch_size
-        self.grad_clip = grad_clip
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=betas, weight_decay=weight_decay)
+        self.micro_batch_size = t.micro_batch_size
+        self.grad_clip = t.grad_clip
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(t.adam_beta1, t.adam_beta2),
+                                           weight_decay=t.weight_decay)
         self.base_lr = lr
-        self._schedule = (lr_warmup_steps, total_updates, lr_schedule)
+        self._schedule = (t.lr_warmup_steps, total_updates, t.lr_schedule)
         self.updates = 0
         self._stats: dict[str, float] = {}
 

@@ -6,6 +6,7 @@ import dataclasses
 import re
 import types
 import typing
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -82,8 +83,40 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     return value
 
 
+def resolve_key_aliases(cls: type, data: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """``data`` with the old keys of ``cls`` (its ``KEY_ALIASES``: old key → dotted new key, e.g.
+    ``sglang_tp`` → ``sglang.tp``) moved to their new place, each with a FutureWarning naming both.
+
+    Giving an old key and its new key with different values is a ConfigError naming both.
+    """
+    aliases = getattr(cls, "KEY_ALIASES", {})
+    if not any(old in data for old in aliases):
+        return data
+    where = f"{path}." if path else ""
+    data = dict(data)
+    for old, new in aliases.items():
+        if old not in data:
+            continue
+        value, (*sections, leaf) = data.pop(old), new.split(".")
+        node = data
+        for name in sections:  # copy the sections on the way: the caller's dicts stay untouched
+            section = node.get(name)
+            if section is not None and not isinstance(section, dict):
+                raise ConfigError(f"{where}{name}: expected a mapping to hold {where}{old}, got {section!r}")
+            node[name] = node = dict(section or {})
+        if leaf in node and node[leaf] != value:
+            raise ConfigError(f"{where}{old}={value!r} and {where}{new}={node[leaf]!r} are both given: {where}{old} "
+                              f"is the old name of {where}{new}; give only {where}{new}")
+        warnings.warn(f"config key {where}{old} is deprecated: use {where}{new} (the old key is accepted until "
+                      "the next release)", FutureWarning, stacklevel=2)
+        node[leaf] = value
+    return data
+
+
 def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError."""
+    """Build dataclass ``cls`` from ``data``; unknown keys and wrong types raise ConfigError.
+    Old keys the dataclass still accepts (``KEY_ALIASES``) are moved first (:func:`resolve_key_aliases`)."""
+    data = resolve_key_aliases(cls, data, path)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)

@@ -95,8 +95,9 @@ NUMBERS: dict[str, Interval] = {
     "rollout.top_p": _i(0, 1, "nucleus probability mass", low_open=True),
     "rollout.max_prompt_len": _i(1, 1 << 20, "tokens"),
     "rollout.max_response_len": _i(1, 1 << 20, "tokens generated per response"),
-    "rollout.sglang_tp": _i(1, 1024, "GPUs of one server"),
-    "rollout.sglang_mem_fraction": _i(0, 1, "a share of each GPU", low_open=True, high_open=True),
+    "rollout.hf.max_batch_size": _i(1, 1 << 16, "sequences per generate call, held in memory at once"),
+    "rollout.sglang.tp": _i(1, 1024, "GPUs of one server"),
+    "rollout.sglang.mem_fraction": _i(0, 1, "a share of each GPU", low_open=True, high_open=True),
     "rollout.weight_sync_bucket_mb": _i(1, 65536, "MiB per bucket; two buckets are held in GPU memory"),
     "hacpo.alpha": _i(0, 100, "the exponent of the cross ratio, eq. 13 (the paper uses 0-3); the gradient grows "
                               "with 1 + α"),
@@ -189,7 +190,7 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "agents.*.init_checkpoint": _optional_path,
     "agents.*.model.hf_path": _hf_path,
     "agents.*.model.gguf_file": _optional_path,
-    "rollout.sglang_python": _sglang_python,
+    "rollout.sglang.python": _sglang_python,
     "checkpoint.dir": _optional_path,
     "log.wandb_project": _wandb_project,
 }

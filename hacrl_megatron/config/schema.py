@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hacrl_megatron.errors import InputError
 
@@ -27,7 +27,7 @@ WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos", "strip_all")
 KL_ESTIMATORS = ("low_var_kl", "k1", "k2")  # docs/algorithm.md §7
 MINIBATCH_ORDERS = ("shuffle", "self_first")
-WEIGHT_SYNC_MODES = ("auto", "disk", "tensor", "distributed")
+WEIGHT_SYNC_MODES = ("auto", "inprocess", "disk", "tensor", "distributed")
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
 
@@ -115,14 +115,56 @@ class AgentConfig:
     warmup_sft_max_steps: int = 2000
     warmup_sft_batch: int = 128  # sequences per warm-up update
     rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang servers: k ·
-    # rollout.sglang_tp ids start k engines (consecutive groups of sglang_tp); empty: one engine, GPUs inherited
+    # rollout.sglang.tp ids start k engines (consecutive groups of sglang.tp); empty: one engine, GPUs inherited
+
+
+@dataclass
+class HFEngineConfig:
+    """``rollout.hf``: the in-process transformers engine (``rollout.engine: hf``; CPU, tests, the demo)."""
+
+    # the weight_sync modes this engine can take weights by (besides auto)
+    WEIGHT_SYNC: ClassVar[tuple[str, ...]] = ("inprocess", "disk")
+
+    max_batch_size: int = 64  # sequences per generate call (a call's prompts × n are split into chunks)
+
+    def auto_weight_sync(self, colocate: bool) -> str:
+        """``rollout.weight_sync: auto``: the engine copies the trainer's tensors into its model in place."""
+        return "inprocess"
+
+
+@dataclass
+class SGLangConfig:
+    """``rollout.sglang``: SGLang servers (``rollout.engine: sglang``; GPU), started by the trainer, one
+    per ``tp`` GPUs of ``agents.N.rollout_gpu_ids``."""
+
+    WEIGHT_SYNC: ClassVar[tuple[str, ...]] = ("disk", "tensor", "distributed")
+
+    tp: int = 1  # tensor-parallel size of each server
+    mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
+    args: list[str] = field(default_factory=list)  # extra launch_server flags
+    command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
+    # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
+    python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g. the
+    # image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
+
+    def auto_weight_sync(self, colocate: bool) -> str:
+        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""
+        return "tensor" if colocate else "distributed"
 
 
 @dataclass
 class RolloutConfig:
-    """Sampling settings shared by every agent's engine."""
+    """Sampling settings shared by every agent's engine, the engine, and how weights reach it."""
 
-    engine: str = "hf"  # hf (CPU / tests) | sglang (GPU)
+    # the flat keys of the previous release → their place now; accepted for one more release with a
+    # FutureWarning naming both (config/loading.py; docs/architecture.md, "The engine seam")
+    KEY_ALIASES: ClassVar[dict[str, str]] = {
+        "sglang_tp": "sglang.tp", "sglang_mem_fraction": "sglang.mem_fraction", "sglang_args": "sglang.args",
+        "sglang_command": "sglang.command", "sglang_python": "sglang.python",
+    }
+
+    engine: str = "hf"  # hf (in-process transformers; CPU / tests) | sglang (servers; GPU): the section of
+    # the same name below holds that engine's settings
     samples_per_prompt: int = 8  # G; GSPO×2 doubles it
     temperature: float = 1.0
     top_p: float = 1.0
@@ -131,20 +173,20 @@ class RolloutConfig:
     # docs/algorithm.md §6: learner_eos | source_eos_text | no_eos (cross responses) | strip_all (every response,
     # self too: the reference code's first version)
     eos_mode: str = "learner_eos"
-    # SGLang (engine: sglang): one server per agent, started by the trainer
-    sglang_tp: int = 1  # tensor-parallel size of each agent's server
-    sglang_mem_fraction: float = 0.7  # --mem-fraction-static: KV-cache share of the server's GPUs
-    sglang_args: list[str] = field(default_factory=list)  # extra launch_server flags
-    weight_sync: str = "auto"  # trainer → SGLang transport: disk (safetensors folder the servers reload) |
-    # tensor (CUDA IPC; needs colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank) |
-    # auto (tensor when colocate, else distributed)
+    hf: HFEngineConfig = field(default_factory=HFEngineConfig)
+    sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    weight_sync: str = "auto"  # trainer → engine transport: inprocess (hf: copy into the engine's model) |
+    # disk (a safetensors folder every engine reloads; hf and sglang) | tensor (CUDA IPC; sglang, needs
+    # colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank; sglang) |
+    # auto (hf: inprocess; sglang: tensor when colocate, else distributed)
     weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
     colocate: bool = False  # SGLang engines share the trainer's GPUs: they release their memory while the
     # trainer trains and resume it for the sync (servers start with --enable-memory-saver)
-    sglang_command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
-    # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
-    sglang_python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g.
-    # the image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
+
+    @property
+    def engine_settings(self) -> HFEngineConfig | SGLangConfig:
+        """The section of the chosen engine (``rollout.hf`` or ``rollout.sglang``)."""
+        return getattr(self, self.engine)
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,7 @@ from hacrl_megatron.config.schema import (
     ConfigError,
     DataConfig,
     ExperimentConfig,
-    RolloutConfig,
+    SGLangConfig,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -128,30 +127,55 @@ def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
           f"must be >= 0 and divisible by tp={p.tp} (the shared expert is tensor-parallel like a dense MLP)")
 
 
-def sglang_python(r: RolloutConfig) -> str:
-    """The interpreter for ``python -m sglang.launch_server``: ``rollout.sglang_python``, else
-    ``$HACRL_SGLANG_PYTHON``, else the running Python."""
-    return r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
-
-
-def resolve_weight_sync(r: RolloutConfig) -> str:
-    """``rollout.weight_sync`` with auto resolved: tensor when colocated, else distributed."""
-    if r.weight_sync != "auto":
-        return r.weight_sync
-    return "tensor" if r.colocate else "distributed"
-
-
-def validate_sglang_python(r: RolloutConfig) -> None:
-    """The SGLang interpreter must be an executable file (checked before any server starts)."""
-    if r.sglang_command:  # a custom launcher replaces the whole command line, interpreter included
-        _rule(not r.sglang_python, "rollout.sglang_python", r.sglang_python,
-              "is unused when rollout.sglang_command is set: put the interpreter into that command")
+def validate_sglang_python(s: SGLangConfig) -> None:
+    """The SGLang interpreter (``rollout.sglang.python``, else ``$HACRL_SGLANG_PYTHON``) must be an
+    executable file when one is named (checked before any server starts; unset: this Python)."""
+    if s.command:  # a custom launcher replaces the whole command line, interpreter included
+        _rule(not s.python, "rollout.sglang.python", s.python,
+              "is unused when rollout.sglang.command is set: put the interpreter into that command")
         return
-    path = sglang_python(r)
-    name = "rollout.sglang_python" if r.sglang_python else f"rollout.sglang_python (from ${SGLANG_PYTHON_ENV})"
-    if r.sglang_python or os.environ.get(SGLANG_PYTHON_ENV):
+    path = s.python or os.environ.get(SGLANG_PYTHON_ENV)
+    name = "rollout.sglang.python" if s.python else f"rollout.sglang.python (from ${SGLANG_PYTHON_ENV})"
+    if path:
         _rule(os.path.isfile(path), name, path, "must be an existing file (the Python of SGLang's environment)")
         _rule(os.access(path, os.X_OK), name, path, "must be executable")
+
+
+def validate_rollout(cfg: ExperimentConfig) -> None:
+    """``rollout.*``: the engine and its section (``rollout.hf``, ``rollout.sglang``), how weights
+    reach it, sampling; and each agent's ``rollout_gpu_ids`` against the SGLang server size."""
+    r = cfg.rollout
+    _one_of("rollout.engine", r.engine, ENGINES)
+    _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
+    _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)
+    modes = ["auto", *r.engine_settings.WEIGHT_SYNC]
+    _rule(r.weight_sync in modes, "rollout.weight_sync", r.weight_sync,
+          f"rollout.engine={r.engine} takes weights by {modes}")
+    _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
+    _rule(not r.colocate or r.engine == "sglang", "rollout.colocate", r.colocate,
+          "only SGLang engines are separate servers that can share the trainer's GPUs (rollout.engine: sglang)")
+    _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
+          "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
+    _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
+          "colocated servers share the trainer's GPUs and NCCL cannot put two ranks of one group on one GPU: "
+          "use tensor (or auto)")
+    _rule(r.hf.max_batch_size >= 1, "rollout.hf.max_batch_size", r.hf.max_batch_size, "must be >= 1")
+    s = r.sglang
+    _rule(s.tp >= 1, "rollout.sglang.tp", s.tp, "must be >= 1")
+    if r.engine == "sglang":
+        validate_sglang_python(s)
+    _rule(0 < s.mem_fraction < 1, "rollout.sglang.mem_fraction", s.mem_fraction, "must lie in (0, 1)")
+    for i, agent_cfg in enumerate(cfg.agents):
+        ids = agent_cfg.rollout_gpu_ids
+        _rule(len(ids) % s.tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
+              f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang.tp={s.tp} (one engine per group)")
+        _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
+    _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,
+          "G must be >= 2: group baselines need at least two samples")
+    _rule(r.temperature > 0, "rollout.temperature", r.temperature, "must be > 0")
+    _rule(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must lie in (0, 1]")
+    _rule(r.max_prompt_len >= 1, "rollout.max_prompt_len", r.max_prompt_len, "must be >= 1")
+    _rule(r.max_response_len >= 1, "rollout.max_response_len", r.max_response_len, "must be >= 1")
 
 
 def validate_data_names(data: DataConfig) -> None:
@@ -226,7 +250,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
         _rule(agent_cfg.name not in seen, f"agents.{i}.name", agent_cfg.name, "duplicate agent name")
         seen.add(agent_cfg.name)
         validate_agent(agent_cfg, f"agents.{i}")
-    h, r, t = cfg.hacpo, cfg.rollout, cfg.train
+    h, t = cfg.hacpo, cfg.train
     _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
     if h.algorithm in ("hacpo", "naive", "naive_merge"):
         _rule(len(cfg.agents) >= 2, "hacpo.algorithm", h.algorithm,
@@ -258,32 +282,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
           h.cross_window, f"the adaptive window centres HACPO's window [lb_m, 1]; hacpo.cross_clip_mode="
           f"{h.cross_clip_mode} uses GSPO's window instead (docs/algorithm.md §5c-5d): use hacpo.cross_window=fixed "
           "with it")
-    _one_of("rollout.engine", r.engine, ENGINES)
-    _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)
-    _one_of("rollout.weight_sync", r.weight_sync, WEIGHT_SYNC_MODES)
-    _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
-    _rule(not r.colocate or r.engine == "sglang", "rollout.colocate", r.colocate,
-          "only SGLang engines are separate servers that can share the trainer's GPUs (rollout.engine: sglang)")
-    _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
-          "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
-    _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
-          "colocated servers share the trainer's GPUs and NCCL cannot put two ranks of one group on one GPU: "
-          "use tensor (or auto)")
-    _rule(r.sglang_tp >= 1, "rollout.sglang_tp", r.sglang_tp, "must be >= 1")
-    if r.engine == "sglang":
-        validate_sglang_python(r)
-    _rule(0 < r.sglang_mem_fraction < 1, "rollout.sglang_mem_fraction", r.sglang_mem_fraction, "must lie in (0, 1)")
-    for i, agent_cfg in enumerate(cfg.agents):
-        ids = agent_cfg.rollout_gpu_ids
-        _rule(len(ids) % r.sglang_tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
-              f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang_tp={r.sglang_tp} (one engine per group)")
-        _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
-    _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,
-          "G must be >= 2: group baselines need at least two samples")
-    _rule(r.temperature > 0, "rollout.temperature", r.temperature, "must be > 0")
-    _rule(0 < r.top_p <= 1, "rollout.top_p", r.top_p, "must lie in (0, 1]")
-    _rule(r.max_prompt_len >= 1, "rollout.max_prompt_len", r.max_prompt_len, "must be >= 1")
-    _rule(r.max_response_len >= 1, "rollout.max_response_len", r.max_response_len, "must be >= 1")
+    validate_rollout(cfg)
     _rule(t.steps >= 0, "train.steps", t.steps, "must be >= 0")
     _rule(t.prompts_per_step >= 1, "train.prompts_per_step", t.prompts_per_step, "must be >= 1")
     _rule(t.mini_batches >= 1, "train.mini_batches", t.mini_batches, "must be >= 1")

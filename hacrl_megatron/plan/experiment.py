@@ -160,7 +160,7 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict,
             if not fit_any[i]:
                 raise PlanError(_no_fit(a, place.trainer_gpus[i], cluster, closest[i]))
         raise PlanError("cluster: every agent fits alone, but no engine TP / memory fraction fits all agents at once "
-                        "(the config holds one rollout.sglang_tp and rollout.sglang_mem_fraction)")
+                        "(the config holds one rollout.sglang.tp and rollout.sglang.mem_fraction)")
     choice, plans, step = best
     overrides = _overrides(cfg, plans, choice, place)
     notes = []
@@ -219,7 +219,7 @@ def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | 
             ids = range(first, first + p.engines * choice.engine_tp)
             out.append(f"agents.{i}.rollout_gpu_ids=[{', '.join(map(str, ids))}]")
     if choice is not None:
-        out += [f"rollout.sglang_tp={choice.engine_tp}", f"rollout.sglang_mem_fraction={choice.fraction:g}",
+        out += [f"rollout.sglang.tp={choice.engine_tp}", f"rollout.sglang.mem_fraction={choice.fraction:g}",
                 f"rollout.colocate={str(choice.colocation != 'separate').lower()}",
                 f"rollout.weight_sync={choice.transport}"]
     return out

@@ -1,16 +1,21 @@
-"""All SGLang engines of one agent as one :class:`~hacrl_megatron.rollout.types.TrainingEngine`.
+"""All engine clients of one agent as one :class:`~hacrl_megatron.rollout.types.TrainingEngine`.
+
+The pool holds any :class:`~hacrl_megatron.rollout.protocol.EngineClient` (SGLang servers on GPU,
+in-process HF engines on CPU) behind any weight transport of ``sync/`` whose operations the
+clients offer (checked when the pool is built).
 
 A 70B agent rolls out on several servers (e.g. 4 × TP8). :meth:`EnginePool.generate` spreads one
 call's prompts over the live engines by *pending tokens* (largest job first to the engine with
 the fewest tokens in flight; a job costs ``(prompt length + max_new_tokens) · n``), sends every
 engine its share concurrently, and keeps what finished. An engine whose server died
-(:class:`~hacrl_megatron.rollout.sglang_engine.SGLangUnreachable` and the server is gone) is
+(:class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` and the server is gone) is
 restarted in the background while its prompts go to the survivors; the restarted server gets the
 current weights back from the weight transport (disk: reloads the last folder) or, for
 transports that need the trainer (tensor, distributed), from the last ``export`` given to
 :meth:`EnginePool.sync_from` at the pool's next call (never concurrently with the trainer). A
-server that dies during a sync is dropped from it, the others are synced, and it is restarted. Sample seeds are fixed per (prompt, sample) before the split, so the
-result does not depend on how prompts were spread.
+server that dies during a sync is dropped from it, the others are synced, and it is restarted.
+Sample seeds are fixed per (prompt, sample) before the split, so the result does not depend on
+how prompts were spread.
 
 Weights go to every engine through one transport of ``sync/`` (``transport.push``). Colocated
 engines (sharing the trainer's GPUs) release their memory on :meth:`EnginePool.release_memory`
@@ -27,8 +32,14 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangError, SGLangUnreachable, sample_seeds
-from hacrl_megatron.rollout.types import Completion, SamplingParams, WeightTransport
+from hacrl_megatron.rollout.protocol import (
+    EngineClient,
+    EngineError,
+    EngineUnreachable,
+    WeightTransport,
+    check_reachable,
+)
+from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
 if TYPE_CHECKING:
     import torch
@@ -39,7 +50,7 @@ Export = Callable[[], Iterable[tuple[str, "torch.Tensor"]]]
 
 @dataclass
 class _Slot:
-    engine: SGLangEngine
+    engine: EngineClient
     state: str = READY
     pending_tokens: int = 0
     recovery: threading.Thread | None = None
@@ -50,16 +61,18 @@ class _Slot:
 
 class EnginePool:
     """Args:
-        engines: one client per server of the agent (names label the metrics).
-        transport: the weight transport (``sync/``) that reaches every server.
+        engines: one client per engine of the agent (names label the metrics).
+        transport: the weight transport (``sync/``) that reaches every engine; each engine must offer
+            the operations it calls (``transport.engine_protocol``), else ValueError names the engine.
         colocate: the servers share the trainer's GPUs (memory release/resume around training).
         name: the agent's name (messages).
     """
 
-    def __init__(self, engines: Sequence[SGLangEngine], transport: WeightTransport, *, colocate: bool = False,
+    def __init__(self, engines: Sequence[EngineClient], transport: WeightTransport, *, colocate: bool = False,
                  name: str = "agent") -> None:
         if not engines:
             raise ValueError(f"EnginePool {name!r}: no engines")
+        check_reachable(engines, transport, f"EnginePool {name!r}")
         self.slots = [_Slot(e) for e in engines]
         self.transport = transport
         self.colocate = colocate
@@ -71,7 +84,7 @@ class EnginePool:
         self._seconds = 0.0
 
     @property
-    def engines(self) -> list[SGLangEngine]:
+    def engines(self) -> list[EngineClient]:
         return [s.engine for s in self.slots]
 
     # ----------------------------------------------------------------------------------------
@@ -100,7 +113,7 @@ class EnginePool:
         try:
             sub_seeds = None if seeds is None else [seeds[p * n + j] for p in share for j in range(n)]
             groups = slot.engine.generate_seeded([prompts[p] for p in share], params, sub_seeds)
-        except SGLangUnreachable:
+        except EngineUnreachable:
             if slot.engine.alive():
                 raise  # a reset with the server still up is not a crash: report it
             self._start_recovery(slot)
@@ -181,13 +194,13 @@ class EnginePool:
                 slot.recovery = None
 
     def _wait_for_recovery(self) -> list[_Slot]:
-        """No engine is live: wait for the restarts; the live engines, or SGLangError."""
+        """No engine is live: wait for the restarts; the live engines, or EngineError."""
         self._join_recoveries()
         self._resync_stale()
         live = self._live()
         if not live:
             states = ", ".join(f"{s.engine.name}: {s.state}" + (f" ({s.error})" if s.error else "") for s in self.slots)
-            raise SGLangError(f"agent {self.name!r}: no SGLang engine can generate ({states}); a restarted "
+            raise EngineError(f"agent {self.name!r}: no engine can generate ({states}); a restarted "
                               f"server without a restorable weight source waits for the next weight sync")
         return live
 
@@ -204,14 +217,14 @@ class EnginePool:
                 self._recover(slot)
         targets = [s for s in self.slots if s.state in (READY, STALE)]
         if not targets:
-            raise SGLangError(f"agent {self.name!r}: every SGLang engine is down; cannot sync weights")
+            raise EngineError(f"agent {self.name!r}: every engine is down; cannot sync weights")
         if self._released:  # weights first, KV cache after: the peak stays at one copy of the weights
             for s in targets:
                 s.engine.resume_memory(["weights"])
         version, dead = self.weight_version + 1, []
         try:
             count = self.transport.push([s.engine for s in targets], tensors(), version)
-        except SGLangUnreachable:
+        except EngineUnreachable:
             dead = [s for s in targets if not s.engine.alive()]
             targets = [s for s in targets if s not in dead]
             if not (can_retry and dead and targets):
@@ -282,5 +295,4 @@ class EnginePool:
             self.transport.close()
         finally:
             for slot in self.slots:
-                if slot.engine.server is not None:
-                    slot.engine.server.stop()
+                slot.engine.close()

@@ -6,21 +6,38 @@ A response ends at the first eos or stop id; that id is not part of ``Completion
 Sampling uses a fresh ``GenerationConfig`` (top_k disabled, no repetition penalty) so samples
 come from exactly softmax(logits / T) restricted by top_p — the distribution whose log-probs the
 trainer recomputes (docs/algorithm.md §3). Models built from ``transformers`` are imported lazily.
+
+The engine is also an :class:`~hacrl_megatron.rollout.protocol.EngineClient` that loads weights
+from disk (:class:`~hacrl_megatron.rollout.protocol.DiskWeightLoader`), so several of them can sit
+behind one :class:`~hacrl_megatron.rollout.engine_pool.EnginePool` with the disk transport
+(``rollout.engine: hf``, ``rollout.weight_sync: disk``). Seeded sampling draws from torch's
+process-wide generator, so engines of one process take turns while they sample with a seed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hacrl_megatron.rollout.protocol import EngineError, StartedEngines
 from hacrl_megatron.rollout.types import Completion, SamplingParams
 
+if TYPE_CHECKING:
+    from hacrl_megatron.config import AgentConfig, ExperimentConfig
+
 logger = logging.getLogger(__name__)
+# torch's generator is process-wide: two engines seeding it from two threads (an EnginePool sends
+# every engine its share at once) would interleave their draws
+_SEEDED_RNG = threading.Lock()
 
 
 @contextlib.contextmanager
@@ -30,7 +47,7 @@ def _seeded(seed: int | None) -> Iterator[None]:
         yield
         return
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
+    with _SEEDED_RNG, torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
 
@@ -49,9 +66,10 @@ class HFEngine:
         model: a ``transformers`` ``PreTrainedModel`` with ``generate`` (put in eval mode here).
         tokenizer: its tokenizer (eos required; pad falls back to eos).
         max_batch_size: sequences per ``generate`` call (prompts × n are split into chunks).
+        name: label in metrics when the engine sits in a pool (``engine0``, ...).
     """
 
-    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64) -> None:
+    def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str = "engine0") -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("HFEngine: tokenizer has no eos_token_id; rollouts could never stop")
         if max_batch_size < 1:
@@ -61,10 +79,12 @@ class HFEngine:
         self.eos_id = int(tokenizer.eos_token_id)
         self.pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else self.eos_id)
         self.max_batch_size = max_batch_size
+        self.name = name
         self._tokens = 0
         self._seconds = 0.0
         self._sequences = 0
         self._weight_loads = 0
+        self.weight_version = 0  # the last version loaded by update_weights_from_disk
 
     @property
     def device(self) -> torch.device:
@@ -163,6 +183,25 @@ class HFEngine:
         self._sequences += len(flat)
         return [results[i * params.n: (i + 1) * params.n] for i in range(len(prompt_token_ids))]
 
+    def generate_seeded(self, prompt_token_ids: list[list[int]], params: SamplingParams,
+                        seeds: list[int] | None) -> list[list[Completion]]:
+        """:meth:`generate` with sample j of prompt i drawn under its own seed ``seeds[i · n + j]``
+        (``len(prompts) · n`` of them; None: :meth:`generate` as is, for greedy decoding).
+
+        Each seeded sample is one ``generate`` call of batch 1, so a sample never depends on which
+        other samples share its call (what :class:`~hacrl_megatron.rollout.engine_pool.EnginePool`
+        needs to spread prompts freely); that costs one call per sample.
+        """
+        if seeds is None:
+            return self.generate(prompt_token_ids, params)
+        n = params.n
+        if len(seeds) != len(prompt_token_ids) * n:
+            raise ValueError(f"HFEngine.generate_seeded: {len(seeds)} seeds for {len(prompt_token_ids)} prompts × n={n}")
+        one = dataclasses.replace(params, n=1)
+        flat = [self.generate([prompt], dataclasses.replace(one, seed=seeds[i * n + j]))[0][0]
+                for i, prompt in enumerate(prompt_token_ids) for j in range(n)]
+        return [flat[i * n: (i + 1) * n] for i in range(len(prompt_token_ids))]
+
     # ----------------------------------------------------------------------------------------
     # weights and stats
 
@@ -201,28 +240,53 @@ class HFEngine:
         """:meth:`load_weights` of ``export()`` (an in-process model never needs a restore)."""
         return self.load_weights(export())
 
+    def update_weights_from_disk(self, folder: str, version: int) -> None:
+        """:meth:`load_weights` of every tensor in the safetensors files of ``folder``, file by file
+        (``sync/disk.py``'s version folders); ``version`` is recorded as :attr:`weight_version`."""
+        from safetensors.torch import load_file
+
+        files = sorted(Path(folder).glob("*.safetensors"))
+        if not files:
+            raise EngineError(f"HFEngine {self.name}: no *.safetensors files in {folder}")
+        for f in files:
+            self.load_weights(load_file(str(f)).items())
+        self.weight_version = int(version)
+
     def sequence_logprob(self, prompt_ids: list[int], response_ids: list[int]) -> float:
         """Σ log π(response | prompt) at temperature 1 (nats): :func:`hf_sequence_logprob`."""
         return hf_sequence_logprob(self.model, prompt_ids, response_ids)
 
-    def release_memory(self) -> None:
+    def release_memory(self, tags: list[str] | None = None) -> None:
         """Nothing: the in-process model is not a separate server holding its own GPU memory."""
 
-    def resume_memory(self) -> None:
+    def resume_memory(self, tags: list[str] | None = None) -> None:
         """Nothing (see :meth:`release_memory`)."""
+
+    def health(self) -> bool:
+        """True: a model in this process answers as long as the process runs."""
+        return True
+
+    def alive(self) -> bool:
+        """True (see :meth:`health`)."""
+        return True
+
+    def restart(self) -> None:
+        """An in-process model has no server to restart (it never becomes unreachable)."""
+        raise EngineError(f"HFEngine {self.name}: an in-process engine cannot be restarted")
 
     def close(self) -> None:
         """Nothing to stop."""
 
     def stats(self) -> dict[str, Any]:
         """tokens (generated, incl. the eos/stop token that ended a response), seconds, tokens_per_s,
-        sequences, weight_loads."""
+        sequences, weight_loads, restarts (always 0)."""
         return {
             "tokens": self._tokens,
             "seconds": self._seconds,
             "tokens_per_s": self._tokens / self._seconds if self._seconds > 0 else 0.0,
             "sequences": self._sequences,
             "weight_loads": self._weight_loads,
+            "restarts": 0,
         }
 
 
@@ -248,3 +312,11 @@ def hf_sequence_logprob(model: Any, prompt_ids: list[int], response_ids: list[in
     logp = torch.log_softmax(pred, dim=-1)
     target = torch.tensor(list(response_ids), dtype=torch.long, device=device)
     return float(logp.gather(1, target[:, None]).sum())
+
+
+def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
+                  root: Path) -> StartedEngines:
+    """``rollout.engine: hf`` (``rollout/launch.py``): one in-process engine on a copy of ``model``,
+    which from then on changes only through weight sync; nothing is written under ``root``."""
+    engine = HFEngine(copy.deepcopy(model), tokenizer, max_batch_size=exp.rollout.hf.max_batch_size)
+    return StartedEngines([engine])

@@ -1,8 +1,10 @@
-"""Client of one running SGLang server (GPU), over its native HTTP API: generation, scoring, health.
+"""Client of one running SGLang server (GPU), over its native HTTP API: generation, scoring, health,
+memory hand-over and weight updates.
 
-Standard library only (urllib + json), so it imports on any machine. Weight transports live in
-``sync/`` (disk, tensor, distributed) and reach the server through :meth:`SGLangEngine.post`;
-several engines of one agent are driven together by
+Standard library only (urllib + json), so it imports on any machine. :class:`SGLangEngine` is an
+:class:`~hacrl_megatron.rollout.protocol.EngineClient` and offers every weight-update operation of
+``rollout/protocol.py``: the transports of ``sync/`` (disk, tensor, distributed) call those methods,
+and only this module knows SGLang's routes. Several engines of one agent are driven together by
 :class:`~hacrl_megatron.rollout.engine_pool.EnginePool`. Endpoints used here:
 
 - ``GET  /health``: 200 when the server is up.
@@ -20,6 +22,11 @@ several engines of one agent are driven together by
   log-probs of the raw model (temperature 1).
 - ``POST /release_memory_occupation`` / ``/resume_memory_occupation``: colocated engines free the
   GPU while the trainer trains (the server needs ``--enable-memory-saver``).
+- weight updates: ``POST /update_weights_from_disk`` (a safetensors folder), ``/update_weights_from_tensor``
+  (CUDA IPC handles, one serialized copy per TP rank), ``/init_weights_update_group``,
+  ``/update_weights_from_distributed`` (one flattened bucket per request, ``load_format:
+  "flattened_bucket"``) and ``/destroy_weights_update_group``; every one carries ``weight_version``
+  where SGLang takes it.
 
 The request fields are checked against SGLang's own request classes by the CPU tests: the
 stand-in server (``tests/fixtures/fake_sglang_server.py``) validates every payload against the
@@ -30,44 +37,24 @@ unknown keys silently. A real server cannot run on CPU (its kernels need CUDA).
 from __future__ import annotations
 
 import json
-import secrets
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 
-from hacrl_megatron.rollout.types import Completion, SamplingParams
+from hacrl_megatron.rollout.protocol import EngineError, EngineUnreachable
+from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
-_MASK63 = (1 << 63) - 1
-_MASK64 = (1 << 64) - 1
+# SGLang's name for the bucket layout of update_weights_from_distributed (sync/distributed.flatten_bucket)
+FLATTENED_BUCKET = "flattened_bucket"
 
 
-class SGLangError(RuntimeError):
+class SGLangError(EngineError):
     """The SGLang server refused or failed a request; the message carries its reply."""
 
 
-class SGLangUnreachable(SGLangError):
+class SGLangUnreachable(SGLangError, EngineUnreachable):
     """No connection to the server (refused, reset): it is down or still starting."""
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & _MASK64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
-    return x ^ (x >> 31)
-
-
-def sample_seeds(base: int | None, count: int) -> list[int]:
-    """``count`` distinct non-negative 63-bit seeds, one per request entry.
-
-    Entry k of a call with seed ``base`` gets ``splitmix64(base · 2³² + k)`` (a bijection, so
-    entries never share a seed and calls with nearby ``base`` — consecutive steps — do not share
-    seeds either). ``base`` None draws a fresh random base: distinct, not reproducible.
-    """
-    if base is None:
-        base = secrets.randbits(31)
-    start = (int(base) & 0xFFFFFFFF) << 32
-    return [_splitmix64(start + k) & _MASK63 for k in range(count)]
 
 
 class SGLangEngine:
@@ -164,6 +151,50 @@ class SGLangEngine:
     def resume_memory(self, tags: list[str] | None = None) -> None:
         """Take back what :meth:`release_memory` freed."""
         self.post("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
+
+    def close(self) -> None:
+        """Stop the server this process started (nothing for a server started elsewhere); idempotent."""
+        if self.server is not None:
+            self.server.stop()
+
+    def detached(self) -> SGLangEngine:
+        """A client of the same server that pickles (no server handle, no tokenizer): the trainer's
+        ranks send the distributed transport's requests with it."""
+        return SGLangEngine(self.base_url, eos_token_id=self.eos_id, tp_size=self.tp_size, timeout=self.timeout,
+                            name=self.name)
+
+    # ----------------------------------------------------------------------------------------
+    # weight updates (rollout/protocol.py: DiskWeightLoader, TensorWeightLoader, BroadcastWeightLoader)
+
+    def update_weights_from_disk(self, folder: str, version: int) -> None:
+        """The server reloads its weights from the safetensors files in ``folder``."""
+        self.post("/update_weights_from_disk", {"model_path": str(folder), "weight_version": str(version)})
+
+    def update_weights_from_tensor(self, serialized: list[str], *, flush_cache: bool, version: int) -> None:
+        """One bucket of IPC handles, ``serialized[k]`` for TP rank k (each unpickling consumes its handles)."""
+        if len(serialized) != self.tp_size:
+            raise ValueError(f"SGLangEngine {self.name}: {len(serialized)} serialized copies for tp_size={self.tp_size}")
+        self.post("/update_weights_from_tensor", {"serialized_named_tensors": list(serialized),
+                                                  "flush_cache": bool(flush_cache), "weight_version": str(version)})
+
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str, backend: str) -> None:
+        """The server's TP ranks join the group (SGLang's rendezvous); blocks until it is complete."""
+        self.post("/init_weights_update_group", {
+            "master_address": master_address, "master_port": int(master_port), "rank_offset": int(rank_offset),
+            "world_size": int(world_size), "group_name": group_name, "backend": backend})
+
+    def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str, flush_cache: bool, version: int) -> None:
+        """Receive one flattened bucket broadcast from group rank 0 and load it."""
+        self.post("/update_weights_from_distributed", {
+            "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
+            "group_name": group_name, "load_format": FLATTENED_BUCKET, "flush_cache": bool(flush_cache),
+            "weight_version": str(version)})
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        """The server's ranks leave the group."""
+        self.post("/destroy_weights_update_group", {"group_name": group_name})
 
     # ----------------------------------------------------------------------------------------
     # generation

@@ -1,10 +1,16 @@
-"""Start, health-check, restart and stop one SGLang server per agent partition (GPU clusters).
+"""Start, health-check, restart and stop SGLang servers (GPU clusters); start an agent's servers.
 
 ``SGLangServer(model_path, gpu_ids=[0, 1], tp_size=2).start()`` runs
 ``python -m sglang.launch_server --model-path ... --host 127.0.0.1 --port P --tp-size 2`` with
 ``CUDA_VISIBLE_DEVICES=0,1`` in its own session, waits for ``/health`` and returns the base URL for
 :class:`~hacrl_megatron.rollout.SGLangEngine`. ``stop()`` ends exactly the process group it
-started (SIGTERM, then SIGKILL after a grace period) — never other processes. Standard library only.
+started (SIGTERM, then SIGKILL after a grace period) — never other processes.
+
+:func:`start_engines` is ``rollout.engine: sglang``'s starter (``rollout/launch.py``): the agent's
+``agents.N.rollout_gpu_ids`` list k · ``rollout.sglang.tp`` GPUs, k servers, one per consecutive
+group (empty: one server that inherits this process's GPUs); colocated servers
+(``rollout.colocate``) start with ``--enable-memory-saver`` so that they can release their memory
+while the trainer trains. Standard library only.
 """
 
 from __future__ import annotations
@@ -17,11 +23,25 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
+from hacrl_megatron.rollout.protocol import StartedEngines
+from hacrl_megatron.rollout.sglang_engine import SGLangEngine
+
+if TYPE_CHECKING:
+    from hacrl_megatron.config import AgentConfig, ExperimentConfig
 
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # same variable as hacrl_megatron.config.SGLANG_PYTHON_ENV
+MEMORY_SAVER_FLAG = "--enable-memory-saver"
+
+
+def sglang_python(configured: str | os.PathLike | None = None) -> str:
+    """The interpreter for ``python -m sglang.launch_server``: ``configured`` (``rollout.sglang.python``),
+    else ``$HACRL_SGLANG_PYTHON`` (the container image sets it to its SGLang venv), else this Python."""
+    return str(configured) if configured else os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
 
 
 
@@ -53,8 +73,7 @@ class SGLangServer:
         command: the full command line instead of ``python -m sglang.launch_server ...``
             (tests; custom launchers). ``{port}`` and ``{host}`` in it are substituted.
         python: interpreter for ``-m sglang.launch_server`` (SGLang in its own virtual
-            environment, config ``rollout.sglang_python``); None: ``$HACRL_SGLANG_PYTHON`` (the
-            container image sets it to its SGLang venv) if set, else this process's ``sys.executable``.
+            environment, config ``rollout.sglang.python``); None: :func:`sglang_python`'s fallbacks.
     """
 
     def __init__(self, model_path: str | os.PathLike | None, *, host: str = "127.0.0.1", port: int | None = None,
@@ -76,7 +95,7 @@ class SGLangServer:
         self.extra_args = list(extra_args)
         self.log_path = Path(log_path) if log_path is not None else Path(f"sglang_{self.port}.log")
         self._command = None if command is None else list(command)
-        self.python = str(python) if python else os.environ.get(SGLANG_PYTHON_ENV) or sys.executable
+        self.python = sglang_python(python)
         self.process: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -157,3 +176,50 @@ class SGLangServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# an agent's servers (rollout.engine: sglang)
+
+
+def gpu_groups(gpu_ids: list[int], tp: int) -> list[list[int] | None]:
+    """One GPU list per server: consecutive groups of ``tp`` ids; ``[None]`` (inherit) when empty."""
+    if not gpu_ids:
+        return [None]
+    if len(gpu_ids) % tp:
+        raise ValueError(f"gpu_groups: {len(gpu_ids)} GPU ids are not a multiple of rollout.sglang.tp={tp}")
+    return [list(gpu_ids[k: k + tp]) for k in range(0, len(gpu_ids), tp)]
+
+
+def start_all(servers: list[SGLangServer]) -> None:
+    """Start every server concurrently; if one fails, stop the others and re-raise."""
+    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="sglang-start") as pool:
+        futures = [pool.submit(s.start) for s in servers]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for s in servers:
+            s.stop()
+        raise next(e for e in errors if e is not None)
+
+
+def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
+                  root: Path) -> StartedEngines:
+    """``rollout.engine: sglang`` (``rollout/launch.py``): write ``model`` and ``tokenizer`` to
+    ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
+    agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
+    r, s = exp.rollout, exp.rollout.sglang
+    init_dir = root / "init"
+    model.save_pretrained(init_dir)
+    tokenizer.save_pretrained(init_dir)
+    command = [a.replace("{model_path}", str(init_dir)) for a in s.command] or None
+    extra = list(s.args)
+    if r.colocate and MEMORY_SAVER_FLAG not in extra:
+        extra.append(MEMORY_SAVER_FLAG)
+    servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
+                            extra_args=extra, log_path=root / f"server{k}.log", command=command,
+                            python=None if command else s.python or None)
+               for k, gpus in enumerate(gpu_groups(agent_cfg.rollout_gpu_ids, s.tp))]
+    start_all(servers)
+    clients = [SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=s.tp,
+                            server=server, name=f"engine{k}") for k, server in enumerate(servers)]
+    return StartedEngines(clients, model_dir=init_dir)

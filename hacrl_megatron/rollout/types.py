@@ -1,9 +1,12 @@
-"""The rollout engine protocol and its records (no heavy imports: torch only for type hints)."""
+"""The records of a rollout (sampling parameters, completions) and what the trainer and the evaluator
+need of an engine (no heavy imports: torch only for type hints). The seam between the engine pool,
+its engine clients and the weight transports is in :mod:`~hacrl_megatron.rollout.protocol`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+import secrets
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -11,6 +14,28 @@ if TYPE_CHECKING:
     import torch
 
 COMPLETION_FINISH_REASONS = ("eos", "length", "stop")
+_MASK63 = (1 << 63) - 1
+_MASK64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def sample_seeds(base: int | None, count: int) -> list[int]:
+    """``count`` distinct non-negative 63-bit seeds, one per sample (``EngineClient.generate_seeded``).
+
+    Entry k of a call with seed ``base`` gets ``splitmix64(base · 2³² + k)`` (a bijection, so
+    entries never share a seed and calls with nearby ``base`` — consecutive steps — do not share
+    seeds either). ``base`` None draws a fresh random base: distinct, not reproducible.
+    """
+    if base is None:
+        base = secrets.randbits(31)
+    start = (int(base) & 0xFFFFFFFF) << 32
+    return [_splitmix64(start + k) & _MASK63 for k in range(count)]
 
 
 @dataclass(frozen=True)
@@ -123,38 +148,4 @@ class TrainingEngine(RolloutEngine, Protocol):
 
     def close(self) -> None:
         """Stop what the engine started (servers, process groups); idempotent."""
-        ...
-
-
-@runtime_checkable
-class Endpoint(Protocol):
-    """One rollout server as a weight transport sees it (an :class:`~hacrl_megatron.rollout.SGLangEngine`)."""
-
-    base_url: str
-    tp_size: int
-
-    def post(self, path: str, payload: dict[str, Any] | None = None) -> Any:
-        """POST ``payload`` as JSON; the parsed reply. Raises on HTTP errors and ``success: false``."""
-        ...
-
-
-@runtime_checkable
-class WeightTransport(Protocol):
-    """Moves HF-named tensors from the trainer into rollout servers (implementations: ``sync/``)."""
-
-    name: str
-
-    def push(self, engines: Sequence[Endpoint], named_tensors: Iterable[tuple[str, torch.Tensor]],
-             version: int) -> int:
-        """Load ``named_tensors`` into every engine as weight version ``version``; returns the
-        number of tensors sent. Consumes the iterator once (it may be a collective export)."""
-        ...
-
-    def restore(self, engine: Endpoint, version: int) -> bool:
-        """After ``engine`` restarted (initial weights): load version ``version`` into it without
-        the trainer. False when this transport cannot (the engine then waits for the next push)."""
-        ...
-
-    def close(self) -> None:
-        """Release what the transport holds (process groups, temporary files); idempotent."""
         ...

@@ -1,12 +1,15 @@
 """sync stage: trainer → rollout-engine weight transfer (HF-named full tensors) and its check.
 
-One module per transport: ``inprocess`` (the HF engine copies tensors in place; also the loop's
-entry points), ``disk`` (safetensors folder), ``tensor`` (CUDA IPC for colocated SGLang servers,
-GPUs named by UUID in ``cuda_ipc``), ``distributed`` (bucketed broadcast from trainer rank 0 to every
-engine rank). ``base`` holds the protocol they share, ``engines`` builds an agent's servers and
-transport from the configuration.
+One module per transport: ``disk`` (safetensors folder), ``tensor`` (CUDA IPC for colocated
+servers, GPUs named by UUID in ``cuda_ipc``), ``distributed`` (bucketed broadcast from trainer rank
+0 to every engine rank). Each calls the weight-update operations of ``rollout/protocol.py`` on the
+engine clients, never an engine's own API. ``base`` holds what they share, ``push`` the loop's entry
+point and the transport the configuration names, ``check`` the post-sync check every transport is
+held to. The in-process HF engine copies the tensors itself (``rollout.weight_sync: inprocess``).
 """
 
-from hacrl_megatron.sync.inprocess import SYNC_TOLERANCE_PER_TOKEN, WeightSyncError, check_sync, sync_weights
+from hacrl_megatron.sync.check import SYNC_TOLERANCE_PER_TOKEN, WeightSyncError, check_sync
+from hacrl_megatron.sync.push import make_transport, resolve_weight_sync, sync_weights
 
-__all__ = ["SYNC_TOLERANCE_PER_TOKEN", "WeightSyncError", "check_sync", "sync_weights"]
+__all__ = ["SYNC_TOLERANCE_PER_TOKEN", "WeightSyncError", "check_sync", "make_transport", "resolve_weight_sync",
+           "sync_weights"]

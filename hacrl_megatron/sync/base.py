@@ -1,17 +1,19 @@
-"""What every weight transport shares: bucketing, concurrent calls, and (from rollout/types.py, where
-the engine pool that calls transports lives) the protocol and the engine endpoint it talks to.
+"""What every weight transport shares: bucketing and concurrent calls to every engine.
 
 A transport moves one agent's HF-named full tensors (``agent.export_hf_weights()``: gathered
-across TP, collected from every PP stage) into all rollout engines of that agent:
+across TP, collected from every PP stage) into all engine clients of that agent, through the
+weight-update operations the clients offer (``rollout/protocol.py``; a transport never sees how a
+client carries them out):
 
-- :class:`~hacrl_megatron.sync.disk.DiskTransport`: safetensors shards in a folder every server
-  can read, then ``/update_weights_from_disk``;
+- :class:`~hacrl_megatron.sync.disk.DiskTransport`: safetensors shards in a folder every engine
+  can read, then ``update_weights_from_disk``;
 - :class:`~hacrl_megatron.sync.tensor.TensorTransport`: CUDA IPC handles
-  (``/update_weights_from_tensor``), for engines colocated on the trainer's GPUs;
+  (``update_weights_from_tensor``), for engines colocated on the trainer's GPUs;
 - :class:`~hacrl_megatron.sync.distributed.DistributedTransport`: broadcast over one process
-  group of trainer rank 0 + every engine rank (``/update_weights_from_distributed``).
+  group of trainer rank 0 + every engine rank (``update_weights_from_distributed``).
 
-The in-process HF engine needs none of them (``sync/inprocess.py``).
+The in-process HF engine needs none of them by default: it copies the tensors itself
+(``HFEngine.sync_from``). ``sync/push.py`` builds the transport the configuration names.
 """
 
 from __future__ import annotations
@@ -22,11 +24,10 @@ from typing import TypeVar
 
 import torch
 
-from hacrl_megatron.rollout.types import Endpoint, WeightTransport
-
-__all__ = ["Endpoint", "NamedTensors", "WeightTransport", "buckets", "on_all", "tensor_bytes", "with_last"]
+__all__ = ["NamedTensors", "buckets", "on_all", "tensor_bytes", "with_last"]
 
 T = TypeVar("T")
+E = TypeVar("E")
 NamedTensors = Iterable[tuple[str, torch.Tensor]]
 
 
@@ -69,7 +70,7 @@ def with_last(items: Iterable[T]) -> Iterator[tuple[T, bool]]:
     yield prev, True
 
 
-def on_all(engines: Sequence[Endpoint], call: Callable[[Endpoint], T]) -> list[T]:
+def on_all(engines: Sequence[E], call: Callable[[E], T]) -> list[T]:
     """``call(engine)`` for every engine concurrently (one thread each); re-raises the first error."""
     if len(engines) == 1:
         return [call(engines[0])]

@@ -1,4 +1,6 @@
-"""Disk weight sync: safetensors shards in a folder every server can read, then ``/update_weights_from_disk``.
+"""Disk weight sync: safetensors shards in a folder every engine can read, then each engine's
+``update_weights_from_disk`` (:class:`~hacrl_megatron.rollout.protocol.DiskWeightLoader`: an SGLang
+server, an in-process HF engine).
 
 Works across nodes with a shared filesystem and survives a server restart (the last folder is
 reloaded by :meth:`DiskTransport.restore`). Cost: every step writes and reads the whole model
@@ -19,9 +21,10 @@ from pathlib import Path
 
 import torch
 
-from hacrl_megatron.sync.base import Endpoint, NamedTensors, on_all, tensor_bytes
+from hacrl_megatron.rollout.protocol import DiskWeightLoader
+from hacrl_megatron.sync.base import NamedTensors, on_all, tensor_bytes
 
-# Files that make a weights folder loadable by SGLang besides the safetensors themselves.
+# Files that make a weights folder a complete checkpoint (what a server loads) besides the safetensors.
 CONFIG_FILES = ("config.json", "generation_config.json")
 
 
@@ -34,6 +37,7 @@ class DiskTransport:
     """
 
     name = "disk"
+    engine_protocol = DiskWeightLoader
 
     def __init__(self, sync_dir: str | os.PathLike, base_model_dir: str | os.PathLike | None = None,
                  shard_bytes: int = 2 << 30) -> None:
@@ -89,21 +93,18 @@ class DiskTransport:
         os.replace(tmp, final)
         return final, count
 
-    def _load(self, engine: Endpoint, folder: Path, version: int) -> None:
-        engine.post("/update_weights_from_disk", {"model_path": str(folder), "weight_version": str(version)})
-
-    def push(self, engines: Sequence[Endpoint], named_tensors: NamedTensors, version: int) -> int:
+    def push(self, engines: Sequence[DiskWeightLoader], named_tensors: NamedTensors, version: int) -> int:
         folder, count = self.write(named_tensors, version)
-        on_all(engines, lambda e: self._load(e, folder, version))
+        on_all(engines, lambda e: e.update_weights_from_disk(str(folder), version))
         previous, self.current = self.current, folder
         if previous is not None and previous != folder:
             shutil.rmtree(previous, ignore_errors=True)
         return count
 
-    def restore(self, engine: Endpoint, version: int) -> bool:
+    def restore(self, engine: DiskWeightLoader, version: int) -> bool:
         if self.current is None:
             return True  # never synced: the restarted server's initial weights are current
-        self._load(engine, self.current, version)
+        engine.update_weights_from_disk(str(self.current), version)
         return True
 
     def close(self) -> None:

@@ -7,26 +7,27 @@ and every TP rank of every engine of the agent (engine k's ranks start at
 1. every rank of the agent iterates its ``export_hf_weights()`` stream (the TP all-gathers and PP
    broadcasts are collectives on the agent's own groups); rank 0 cuts it into buckets of
    ``bucket_bytes`` (one dtype each, :func:`~hacrl_megatron.sync.base.buckets`);
-2. per bucket, rank 0 POSTs ``/update_weights_from_distributed`` with the names, dtypes and shapes
-   and ``load_format: "flattened_bucket"`` to every engine (each server then allocates the bucket
-   and joins the broadcast), and broadcasts the bucket's bytes — the tensors' bytes concatenated
-   in order, no padding (:func:`flatten_bucket`);
+2. per bucket, rank 0 calls every engine's ``update_weights_from_distributed`` with the names,
+   dtypes and shapes (:class:`~hacrl_megatron.rollout.protocol.BroadcastWeightLoader`; each engine
+   then allocates the bucket and joins the broadcast), and broadcasts the bucket's bytes — the
+   tensors' bytes concatenated in order, no padding (:func:`flatten_bucket`);
 3. gathering bucket k+1 overlaps the broadcast of bucket k (two buckets in memory); bucket k+1's
    request goes out only after every engine answered bucket k, so requests can never overtake
    each other on the server. Only the last bucket flushes the servers' prefix caches.
 
 Where rank 0 runs: a :class:`~hacrl_megatron.agents.local.LocalAgent` world calls
-:func:`push_from_rank` on each of its ranks. A Ray agent's export (:class:`RankExport`) is pushed by
-the agent's own ranks: :meth:`DistributedTransport.push` gives every rank a :class:`RankSender`
-(rank 0's holds a transport), so trainer rank 0's process is group rank 0, the group's master
-address is on rank 0's node, and rank 0 also sends the per-bucket HTTP requests (they carry the
-bucket's names and shapes, which only rank 0 knows, and each blocks on the server while that
-bucket's broadcast runs). The controller only starts the push; no tensor passes through it.
+:func:`push_from_rank` on each of its ranks. A transport built with ``ranks`` (a Ray agent,
+:class:`RankSource`; ``trainer/runtime.py`` does so for Ray agents) has that agent's own ranks push:
+it gives every rank a :class:`RankSender` (rank 0's holds a transport), so trainer rank 0's process
+is group rank 0, the group's master address is on rank 0's node, and rank 0 also sends the
+per-bucket requests (they carry the bucket's names and shapes, which only rank 0 knows, and each
+blocks on the engine while that bucket's broadcast runs). The controller only starts the push; no
+tensor passes through it.
 
-The group is created through ``/init_weights_update_group`` and SGLang's rendezvous
-(``init_method = tcp://master:port``, the store prefixed by the group name, torch's process-group
-helper): :func:`init_weight_group` is the trainer's side of that protocol. A server restart breaks
-the group; the next push destroys it everywhere and creates a new one.
+The group is created through each engine's ``init_weights_update_group`` (for SGLang: its
+rendezvous, ``init_method = tcp://master:port``, the store prefixed by the group name, torch's
+process-group helper): :func:`init_weight_group` is the trainer's side of that protocol. A server
+restart breaks the group; the next push destroys it everywhere and creates a new one.
 """
 
 from __future__ import annotations
@@ -44,10 +45,9 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 
 from hacrl_megatron.net import free_port, local_address_towards
-from hacrl_megatron.rollout.sglang_engine import SGLangEngine, SGLangUnreachable
-from hacrl_megatron.sync.base import Endpoint, NamedTensors, buckets, on_all, tensor_bytes, with_last
+from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineUnreachable
+from hacrl_megatron.sync.base import NamedTensors, buckets, on_all, tensor_bytes, with_last
 
-LOAD_FORMAT = "flattened_bucket"
 _GROUP_IDS = itertools.count()
 
 
@@ -151,12 +151,17 @@ class DistributedTransport:
         master_address: the address engines reach this process at (default: the interface that
             routes to the first engine).
         timeout_s: rendezvous and per-bucket timeout.
+        ranks: an agent whose own ranks push (a Ray agent, :class:`RankSource`): each push then has
+            that agent's ranks export and rank 0 broadcast; the stream given to :meth:`push` must be
+            that agent's export (``stream.ranks is ranks``) and is not read (the ranks export the same
+            weights themselves). None: this process broadcasts the stream it is given.
     """
 
     name = "distributed"
+    engine_protocol = BroadcastWeightLoader
 
     def __init__(self, bucket_bytes: int = 512 << 20, *, backend: str = "auto", group_name: str = "hacrl_weights",
-                 master_address: str | None = None, timeout_s: float = 600.0) -> None:
+                 master_address: str | None = None, timeout_s: float = 600.0, ranks: RankSource | None = None) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"DistributedTransport: bucket_bytes={bucket_bytes} must be >= 1")
         if backend not in ("auto", "nccl", "gloo"):
@@ -169,9 +174,10 @@ class DistributedTransport:
         self.timeout_s = timeout_s
         self._group: Any = None
         self._group_id = ""
-        self._members: list[Endpoint] = []
+        self._members: list[BroadcastWeightLoader] = []
         self._stale = False  # a member restarted or a broadcast failed: rebuild before the next push
-        self._ranks: RankSource | None = None  # the agent whose ranks hold this transport's senders
+        self.ranks = ranks
+        self._senders_open = False  # the ranks hold this transport's senders (opened at the first push)
         self.buckets_sent = 0
         self.bytes_sent = 0
 
@@ -180,7 +186,7 @@ class DistributedTransport:
         return torch.device("cuda", torch.cuda.current_device()) if self.backend == "nccl" else torch.device("cpu")
 
     # ---- group lifetime --------------------------------------------------------------------
-    def _ensure_group(self, engines: Sequence[Endpoint]) -> None:
+    def _ensure_group(self, engines: Sequence[BroadcastWeightLoader]) -> None:
         key = [(e.base_url, e.tp_size) for e in engines]
         if self._group is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
             return
@@ -201,9 +207,9 @@ class DistributedTransport:
         local = threading.Thread(target=join, daemon=True, name="weight-group-rank0")
         with ThreadPoolExecutor(max_workers=len(engines)) as pool:
             # each server blocks in the rendezvous until rank 0 (the thread above) joins
-            futures = [pool.submit(e.post, "/init_weights_update_group", {
-                "master_address": address, "master_port": port, "rank_offset": off, "world_size": world,
-                "group_name": self._group_id, "backend": self.backend}) for e, off in zip(engines, offsets)]
+            futures = [pool.submit(e.init_weights_update_group, master_address=address, master_port=port,
+                                   rank_offset=off, world_size=world, group_name=self._group_id, backend=self.backend)
+                       for e, off in zip(engines, offsets)]
             local.start()
             while local.is_alive():
                 failed = [f for f in futures if f.done() and f.exception() is not None]
@@ -227,35 +233,35 @@ class DistributedTransport:
             return
         for engine in self._members:
             try:
-                engine.post("/destroy_weights_update_group", {"group_name": self._group_id})
+                engine.destroy_weights_update_group(self._group_id)
             except Exception:  # noqa: BLE001  (a dead or restarted server has no group left to destroy)
                 pass
         destroy_weight_group(self._group)
         self._group, self._members = None, []
 
-    def restore(self, engine: Endpoint, version: int) -> bool:
+    def restore(self, engine: BroadcastWeightLoader, version: int) -> bool:
         """A restarted server left the group: the next push rebuilds it; until then it waits."""
         self._stale = True
         return False
 
-    def _check_answering(self, engines: Sequence[Endpoint]) -> None:
-        """Raise :class:`SGLangUnreachable` naming the engines that do not answer ``/health``.
+    def _check_answering(self, engines: Sequence[BroadcastWeightLoader]) -> None:
+        """Raise :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` naming the engines that
+        fail their health check.
 
         A member that cannot take part would leave the others blocked in the rendezvous or in a
         bucket's broadcast (a real server's scheduler with them) until the group's timeout; a
         server dying during the push itself still does that.
         """
-        down = [e.base_url for e, up in zip(engines, on_all(engines, _answers)) if not up]
+        down = [e.base_url for e, up in zip(engines, on_all(engines, lambda e: bool(e.health()))) if not up]
         if down:
-            raise SGLangUnreachable(f"weight group {self.group_name!r}: {', '.join(down)} do(es) not answer "
-                                    "/health; not broadcasting to a group that cannot complete")
+            raise EngineUnreachable(f"weight group {self.group_name!r}: {', '.join(down)} fail(s) the health "
+                                    "check; not broadcasting to a group that cannot complete")
 
     # ---- one push --------------------------------------------------------------------------
-    def _launch(self, pool: ThreadPoolExecutor, engines: Sequence[Endpoint], flat: torch.Tensor,
+    def _launch(self, pool: ThreadPoolExecutor, engines: Sequence[BroadcastWeightLoader], flat: torch.Tensor,
                 meta: dict[str, list], last: bool, version: int) -> _InFlight:
-        payload = {**meta, "group_name": self._group_id, "load_format": LOAD_FORMAT, "flush_cache": last,
-                   "weight_version": str(version)}
-        futures = [pool.submit(e.post, "/update_weights_from_distributed", payload) for e in engines]
+        futures = [pool.submit(e.update_weights_from_distributed, **meta, group_name=self._group_id, flush_cache=last,
+                               version=version) for e in engines]
         return _InFlight(futures, broadcast_async(self._group, flat), flat)
 
     def _finish(self, inflight: _InFlight) -> None:
@@ -277,14 +283,18 @@ class DistributedTransport:
             self._stale = True
             raise
 
-    def push(self, engines: Sequence[Endpoint], named_tensors: NamedTensors, version: int) -> int:
-        """Broadcast ``named_tensors`` from this process, or, when they are a Ray agent's
-        export stream (:class:`RankExport`), have the agent's ranks do it (:meth:`_push_from_ranks`)."""
+    def push(self, engines: Sequence[BroadcastWeightLoader], named_tensors: NamedTensors, version: int) -> int:
+        """Broadcast ``named_tensors`` from this process, or, for a transport built with ``ranks``,
+        have that agent's ranks export and broadcast (:meth:`_push_from_ranks`): the stream must then
+        be that agent's own export (its ``ranks``), which is not read; any other stream is refused
+        rather than replaced by the agent's weights."""
         if not engines:
             raise ValueError("DistributedTransport.push: no engines")
-        if isinstance(named_tensors, RankExport):
-            return self._push_from_ranks(named_tensors.ranks, engines, version)
-        self._close_ranks()  # the engines leave the ranks' group before they join this process's
+        if self.ranks is not None:
+            if getattr(named_tensors, "ranks", None) is not self.ranks:
+                raise ValueError(f"DistributedTransport {self.group_name!r}: the agent's ranks send their own export; "
+                                 "tensors from elsewhere need a transport built without ranks")
+            return self._push_from_ranks(engines, version)
         self._check_answering(engines)
         self._ensure_group(engines)
         count, inflight = 0, None
@@ -304,48 +314,36 @@ class DistributedTransport:
         return count
 
     # ---- pushes run by an agent's own ranks -------------------------------------------------
-    def _push_from_ranks(self, ranks: RankSource, engines: Sequence[Endpoint], version: int) -> int:
-        """Every rank of ``ranks`` exports; its rank 0 joins the group and broadcasts (module docstring).
+    def _push_from_ranks(self, engines: Sequence[BroadcastWeightLoader], version: int) -> int:
+        """Every rank of ``self.ranks`` exports; its rank 0 joins the group and broadcasts (module
+        docstring). The engines travel to the ranks as detached clients (``detached()``).
 
         The senders are opened once and keep their group between pushes; a restarted server or a
         failed push (``_stale``) opens fresh ones, whose rank 0 rebuilds the group.
         """
-        self._close_group()  # the engines leave this process's group before they join the ranks'
-        if self._ranks is not ranks or self._stale:
+        if not self._senders_open or self._stale:
             self._close_ranks()
-            ranks.open_weight_sender(RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name,
-                                                       self.master_address, self.timeout_s))
-            self._ranks, self._stale = ranks, False
+            self.ranks.open_weight_sender(RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name,
+                                                            self.master_address, self.timeout_s))
+            self._senders_open, self._stale = True, False
         try:
-            return ranks.push_weights([_portable(e, self.timeout_s) for e in engines], version)
+            return self.ranks.push_weights([e.detached() for e in engines], version)
         except BaseException:
             self._stale = True
             raise
 
     def _close_ranks(self) -> None:
-        ranks, self._ranks = self._ranks, None
-        if ranks is None:
+        if not self._senders_open:
             return
+        self._senders_open = False
         try:
-            ranks.close_weight_sender()
+            self.ranks.close_weight_sender()
         except Exception:  # noqa: BLE001  (an agent already shut down took its group with it)
             pass
 
 
-def _answers(engine: Endpoint) -> bool:
-    """The server answers ``/health`` (an endpoint without a health check is assumed up)."""
-    health = getattr(engine, "health", None)
-    return True if health is None else bool(health())
-
-
-def _portable(engine: Endpoint, timeout_s: float) -> SGLangEngine:
-    """A client of ``engine``'s server that pickles (no server process, no tokenizer), for the ranks."""
-    return SGLangEngine(engine.base_url, eos_token_id=0, tp_size=engine.tp_size,
-                        timeout=getattr(engine, "timeout", timeout_s), name=getattr(engine, "name", "engine"))
-
-
 def push_from_rank(named_tensors: NamedTensors, transport: DistributedTransport | None,
-                   engines: Sequence[Endpoint] = (), version: int = 0) -> int:
+                   engines: Sequence[BroadcastWeightLoader] = (), version: int = 0) -> int:
     """Run on every rank of an agent with that rank's own export stream (a collective): rank 0
     passes its transport and the engines and broadcasts; the other ranks pass None and only
     advance the stream in step. Returns the number of tensors.
@@ -376,21 +374,12 @@ class RankSource(Protocol):
     def open_weight_sender(self, make_sender: Callable[[int], RankSender]) -> None:
         """Build ``make_sender(rank)`` on every rank (replacing and closing the previous ones)."""
 
-    def push_weights(self, engines: Sequence[Endpoint], version: int) -> int:
+    def push_weights(self, engines: Sequence[BroadcastWeightLoader], version: int) -> int:
         """Every rank feeds its export into its sender; the number of tensors. Raises the sender's
-        error (e.g. :class:`~hacrl_megatron.rollout.SGLangUnreachable`) with the agent still usable."""
+        error (e.g. :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable`) with the agent still usable."""
 
     def close_weight_sender(self) -> None:
         """Close the senders (rank 0 destroys the group)."""
-
-
-@runtime_checkable
-class RankExport(Protocol):
-    """An export stream whose agent's ranks push the weights instead of this process
-    (:meth:`RayAgent.export_hf_weights <hacrl_megatron.agents.ray_agent.RayAgent.export_hf_weights>`);
-    each rank then runs a fresh export of its own, and this stream is never read."""
-
-    ranks: RankSource
 
 
 @dataclass
@@ -400,7 +389,7 @@ class RankSender:
 
     transport: DistributedTransport | None
 
-    def push(self, named_tensors: NamedTensors, engines: Sequence[Endpoint], version: int) -> int:
+    def push(self, named_tensors: NamedTensors, engines: Sequence[BroadcastWeightLoader], version: int) -> int:
         return push_from_rank(named_tensors, self.transport, engines, version)
 
     def close(self) -> None:

@@ -4,11 +4,15 @@ Every agent starts from HF weights: a random init of its ``ModelConfig`` (seeded
 directory (``model.hf_path``; "smollm2" for the bundled SmolLM2-135M-Instruct) or a warm-up
 checkpoint (``init_checkpoint``). The same weights go into the trainer and into a separate copy
 inside the rollout engine, which from then on only changes through weight sync.
+
+The rollout engine is built from the seam of docs/architecture.md ("The engine seam"): the engine
+clients ``rollout.engine`` names (``rollout/launch.py``) behind the transport ``rollout.weight_sync``
+names (``sync/push.py``) in one :class:`~hacrl_megatron.rollout.engine_pool.EnginePool`; the
+in-process HF engine alone when it copies the trainer's tensors itself (``inprocess``).
 """
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import warnings
@@ -23,9 +27,10 @@ from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.data.prompts import format_prompt
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
 from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+from hacrl_megatron.rollout.engine_pool import EnginePool
+from hacrl_megatron.rollout.launch import engine_root, start_engines
 from hacrl_megatron.rollout.types import TrainingEngine
-from hacrl_megatron.sync import sync_weights
-from hacrl_megatron.sync.engines import start_sglang_pool
+from hacrl_megatron.sync import make_transport, resolve_weight_sync, sync_weights
 
 if TYPE_CHECKING:
     from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
@@ -114,17 +119,19 @@ def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedMod
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
 
 
+def uses_ray_workers(cfg: AgentConfig) -> bool:
+    """The agent's ranks are Ray actors (``workers: ray``, or auto with more than one rank)."""
+    return cfg.backend == "megatron" and (cfg.workers == "ray" or (cfg.workers == "auto" and cfg.parallel.world_size > 1))
+
+
 def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig, total_updates: int) -> AgentHandle:
     """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights."""
     t = exp.train
     if cfg.backend == "hf":
         from hacrl_megatron.agents.hf import HFAgent
 
-        return HFAgent(cfg.name, model, lr=cfg.lr, micro_batch_size=t.micro_batch_size, grad_clip=t.grad_clip,
-                       weight_decay=t.weight_decay, betas=(t.adam_beta1, t.adam_beta2),
-                       lr_warmup_steps=t.lr_warmup_steps, lr_schedule=t.lr_schedule, total_updates=total_updates)
-    p = cfg.parallel
-    if cfg.workers == "ray" or (cfg.workers == "auto" and p.world_size > 1):
+        return HFAgent(cfg.name, model, lr=cfg.lr, train_cfg=t, total_updates=total_updates)
+    if uses_ray_workers(cfg):
         from hacrl_megatron.agents.ray_agent import build_ray_agent
 
         return build_ray_agent(cfg, model, t, total_updates)
@@ -133,28 +140,39 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig,
     return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
-def start_sglang(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel,
-                 tokenizer: PreTrainedTokenizerBase) -> TrainingEngine:
-    """Start this agent's SGLang servers on its initial weights; the pool that drives them and
-    their weight transport (GPU clusters; sync/engines.py)."""
-
-    return start_sglang_pool(exp, cfg, model, tokenizer)
+def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
+                 agent: AgentHandle) -> TrainingEngine:
+    """The agent's rollout engine on ``model``'s weights: its clients (``rollout.engine``) in a pool
+    behind the transport ``rollout.weight_sync`` names, or the one in-process HF engine itself
+    (``inprocess``). A Ray agent's ranks broadcast themselves with the distributed transport."""
+    started = start_engines(exp, cfg, model, tokenizer)
+    if resolve_weight_sync(exp.rollout) == "inprocess":  # the HF engine copies the trainer's tensors itself
+        (engine,) = started.clients
+        return engine
+    try:
+        transport = make_transport(exp.rollout, cfg.name, engine_root(exp, cfg.name) / "synced", started.model_dir,
+                                   ranks=agent if uses_ray_workers(cfg) else None)
+        return EnginePool(started.clients, transport, colocate=exp.rollout.colocate, name=cfg.name)
+    except BaseException:
+        for client in started.clients:
+            client.close()
+        raise
 
 
 def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
                   agent_cfg: AgentConfig | None = None) -> AgentRuntime:
     """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
-    from hacrl_megatron.rollout.hf_engine import HFEngine
-
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
     model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
-    if exp.rollout.engine == "sglang":
-        engine = start_sglang(exp, cfg, model, tokenizer)
-    else:
-        engine = HFEngine(copy.deepcopy(model), tokenizer)
     # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
+    # (the HF backend trains ``model`` itself; the engine takes its own copy or folder below)
     agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), model, exp, total_updates)
+    try:
+        engine = build_engine(exp, cfg, model, tokenizer, agent)
+    except BaseException:
+        agent.close()  # a Ray agent's actors
+        raise
     return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine,
                         hf_config=model.config)
 

@@ -3,16 +3,17 @@
 A TP = 2 qwen2 RayAgent (two Ray actors, gloo) syncs into two stand-in SGLang servers
 (tests/fixtures/fake_sglang_server.py, threads of this process, each joining the weight group with
 its own replica of SGLang's rendezvous). Through the loop's entry point (``sync_weights`` → engine
-pool → ``DistributedTransport``), both ranks gather in their export and rank 0's actor — not this
-process — joins the group as group rank 0 and broadcasts the flattened buckets. Checked:
+pool → a ``DistributedTransport`` built with the agent's ranks, as ``trainer/runtime.py`` builds it
+for Ray agents), both ranks gather in their export and rank 0's actor — not this process — joins
+the group as group rank 0 and broadcasts the flattened buckets. Checked:
 
 * each server then holds the agent's HF weights bit for bit (the starting checkpoint, then the
   weights after one update, compared with the export that comes back through Ray);
 * the group was created by rank 0's process (its pid in the group name), at rank 0's address,
   with world size 1 + 2 servers; buckets respect the size limit, only the last flushes the cache;
 * the post-sync probe check of the loop passes on the servers;
-* a server that is down fails the push with SGLang's error raised in this process, and the agent
-  stays usable (its world ran the export to the end).
+* a server that is down fails the push with the engine's error raised in this process, and the
+  agent stays usable (its world ran the export to the end).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
 
 from hacrl_megatron.agents.ray_agent import RayAgent  # noqa: E402
-from hacrl_megatron.rollout import EnginePool, HFEngine, SGLangEngine, SGLangUnreachable  # noqa: E402
+from hacrl_megatron.rollout import EnginePool, EngineUnreachable, HFEngine, SGLangEngine  # noqa: E402
 from hacrl_megatron.sync import check_sync, sync_weights  # noqa: E402
 from hacrl_megatron.sync.distributed import DistributedTransport  # noqa: E402
 from tests.distributed.megatron_helpers import (  # noqa: E402
@@ -76,10 +77,10 @@ def test_ray_agent_ranks_broadcast_into_the_servers_bit_identically(tmp_path):
         s.start()
     engines = [SGLangEngine(s.base_url, eos_token_id=0, server=s, name=f"engine{k}", timeout=120)
                for k, s in enumerate(servers)]
-    pool = EnginePool(engines, DistributedTransport(BUCKET_BYTES, backend="gloo", group_name="hacrl_r", timeout_s=120),
-                      name="r")
     agent = RayAgent.from_hf_model(agent_config("qwen2", tp=2, name="r"), hf, train_cfg=train_config(),
                                    use_gpu=False, env_vars={"PYTHONWARNINGS": "ignore"})
+    transport = DistributedTransport(BUCKET_BYTES, backend="gloo", group_name="hacrl_r", timeout_s=120, ranks=agent)
+    pool = EnginePool(engines, transport, name="r")
     try:
         assert sync_weights(agent, pool) == len(reference)
         _assert_servers_hold(servers, reference)
@@ -109,7 +110,7 @@ def test_ray_agent_ranks_broadcast_into_the_servers_bit_identically(tmp_path):
         assert check_sync(agent, pool, prompt, response) < 1e-4
 
         servers[1].kill()
-        with pytest.raises(SGLangUnreachable, match="/health") as info:
+        with pytest.raises(EngineUnreachable, match="fail.* the health check") as info:
             pool.transport.push(engines, agent.export_hf_weights(), version=9)
         assert any("agent 'r': weight push failed on rank 0" in n for n in info.value.__notes__)
         assert agent.stats()["updates"] == 1.0  # the world is intact

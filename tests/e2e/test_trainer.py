@@ -173,7 +173,7 @@ def test_full_train_writes_metrics_checkpoints_and_table(tmp_path, capsys):
 
 def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
     """`rollout.engine: sglang` on CPU: one server process per agent (a stand-in speaking SGLang's
-    HTTP API, backed by the agent's HF folder), disk weight sync after every step."""
+    HTTP API, backed by the agent's HF folder), weight sync after every step (auto: distributed, over gloo)."""
     import sys
     from pathlib import Path
 
@@ -181,9 +181,9 @@ def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
 
     script = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_server.py"
     exp = tiny_exp(tmp_path)
+    command = [sys.executable, str(script), "--model-path", "{model_path}", "--port", "{port}"]
     exp = dataclasses.replace(exp, rollout=dataclasses.replace(
-        exp.rollout, engine="sglang",
-        sglang_command=[sys.executable, str(script), "--model-path", "{model_path}", "--port", "{port}"]))
+        exp.rollout, engine="sglang", sglang=dataclasses.replace(exp.rollout.sglang, command=command)))
     run = loop.setup(exp)
     try:
         run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)

@@ -47,8 +47,8 @@ ACCEPTED = {
                       "hacpo.self_clip_high", "hacpo.grpo_clip_high", "hacpo.omega_max", "hacpo.max_reward",
                       "train.steps", "train.micro_batch_size", "train.grad_clip", "train.lr_warmup_steps",
                       "train.eval_every", "checkpoint.every", "checkpoint.keep", "log.every"},
-    '""': {"rollout.sglang_python"},
-    NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang_python", "log.wandb_project"},
+    '""': {"rollout.sglang.python"},
+    NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "log.wandb_project"},
 }
 
 

@@ -58,6 +58,8 @@ def test_ray_agent_rank0_pushes_into_a_real_sglang_server(tmp_path, mode):
                           for k, v in hf.state_dict().items()}
                 pool.load_weights(broken.items())
                 assert pool.generate(prompts, greedy_params) != greedy
+                pool.transport.close()  # from now on the agent's ranks send (trainer/runtime.py's transport)
+                pool.transport = DistributedTransport(64 << 20, backend=mode, group_name="gpu_ray", ranks=agent)
                 assert sync_weights(agent, pool) == len(hf.state_dict())  # rank 0 of the agent sends
                 assert pool.generate(prompts, greedy_params) == greedy
                 prompt, response = prompts[0], list(greedy[0][0].token_ids[:16])

@@ -11,6 +11,7 @@ transformers = pytest.importorskip("transformers")
 
 from hacrl_megatron.agents.handle import AgentHandle, CompletedResult  # noqa: E402
 from hacrl_megatron.agents.hf import HFAgent  # noqa: E402
+from hacrl_megatron.config import TrainConfig  # noqa: E402
 from tests.distributed.megatron_helpers import (  # noqa: E402
     hf_reference_step,
     hf_seq_logprobs,
@@ -24,7 +25,7 @@ def test_hf_agent_is_an_agent_handle_and_train_async_runs_train_now(tmp_path):
     torch.set_num_threads(1)
     hf = make_tiny_hf("llama", str(tmp_path / "hf"), seed=5)
     batch = sample_batch()
-    agent = HFAgent("a", copy.deepcopy(hf), lr=1e-3, micro_batch_size=3)
+    agent = HFAgent("a", copy.deepcopy(hf), lr=1e-3, train_cfg=TrainConfig(micro_batch_size=3))
     assert isinstance(agent, AgentHandle)
     sums, lens = agent.sequence_logprobs(batch)
     torch.testing.assert_close(sums, hf_seq_logprobs(hf, batch).detach(), rtol=1e-6, atol=1e-6)

@@ -89,7 +89,7 @@ GENERATING = (
 def test_pool_restarts_dead_server_and_restores_disk_weights(tmp_path):
     import torch
 
-    from hacrl_megatron.rollout import EnginePool, SamplingParams, SGLangEngine, SGLangError
+    from hacrl_megatron.rollout import EngineError, EnginePool, SamplingParams, SGLangEngine
     from hacrl_megatron.sync.disk import DiskTransport
 
     server = SGLangServer(None, command=[sys.executable, "-c", GENERATING, "{port}"], log_path=tmp_path / "g.log")
@@ -109,5 +109,5 @@ def test_pool_restarts_dead_server_and_restores_disk_weights(tmp_path):
         server.process.kill()
         server.process.wait()
         bare = EnginePool([SGLangEngine(server.base_url, eos_token_id=0, timeout=2)], DiskTransport(tmp_path / "s2"))
-        with pytest.raises(SGLangError, match="no SGLang engine can generate .*no server handle to restart"):
+        with pytest.raises(EngineError, match="no engine can generate .*no server handle to restart"):
             bare.generate([[5]], params)

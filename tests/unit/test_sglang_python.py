@@ -1,4 +1,4 @@
-"""rollout.sglang_python: the interpreter SGLang servers start with (SGLang in its own venv)."""
+"""rollout.sglang.python: the interpreter SGLang servers start with (SGLang in its own venv)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from hacrl_megatron.config import SGLANG_PYTHON_ENV, ConfigError, load_config, sglang_python
-from hacrl_megatron.rollout.sglang_server import SGLangServer
+from hacrl_megatron.config import SGLANG_PYTHON_ENV, ConfigError, load_config
+from hacrl_megatron.rollout.sglang_server import SGLangServer, sglang_python
 
 
 @pytest.fixture
@@ -33,45 +33,45 @@ def test_server_command_uses_given_interpreter(no_env, monkeypatch, tmp_path):
 
 
 def test_resolution_order(no_env, monkeypatch, tmp_path):
-    r = load_config("cpu_demo").rollout
-    assert sglang_python(r) == sys.executable
+    s = load_config("cpu_demo").rollout.sglang
+    assert sglang_python(s.python) == sys.executable
     monkeypatch.setenv(SGLANG_PYTHON_ENV, "/from/env/python")
-    assert sglang_python(r) == "/from/env/python"
-    r.sglang_python = "/from/config/python"
-    assert sglang_python(r) == "/from/config/python"
+    assert sglang_python(s.python) == "/from/env/python"
+    s.python = "/from/config/python"
+    assert sglang_python(s.python) == "/from/config/python"
 
 
 def test_valid_interpreter_passes(no_env, tmp_path):
     py = fake_python(tmp_path)
-    cfg = load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang_python={py}"])
-    assert sglang_python(cfg.rollout) == str(py)
+    cfg = load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang.python={py}"])
+    assert sglang_python(cfg.rollout.sglang.python) == str(py)
 
 
 def test_missing_interpreter_names_field_and_value(no_env, tmp_path):
     missing = tmp_path / "nope" / "python"
-    with pytest.raises(ConfigError, match=rf"rollout\.sglang_python='{missing}': must be an existing file"):
-        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang_python={missing}"])
+    with pytest.raises(ConfigError, match=rf"rollout\.sglang\.python='{missing}': must be an existing file"):
+        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang.python={missing}"])
 
 
 def test_not_executable_is_rejected(no_env, tmp_path):
     py = fake_python(tmp_path, mode=0o644)  # no execute bit at all: X_OK fails even for root
-    with pytest.raises(ConfigError, match=r"rollout\.sglang_python='.*': must be executable"):
-        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang_python={py}"])
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.python='.*': must be executable"):
+        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang.python={py}"])
 
 
 def test_env_value_is_checked_and_named(monkeypatch, tmp_path):
     monkeypatch.setenv(SGLANG_PYTHON_ENV, str(tmp_path / "absent"))
-    with pytest.raises(ConfigError, match=r"rollout\.sglang_python \(from \$HACRL_SGLANG_PYTHON\)="):
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.python \(from \$HACRL_SGLANG_PYTHON\)="):
         load_config("cpu_demo", ["rollout.engine=sglang"])
 
 
 def test_only_checked_for_the_sglang_engine(no_env, tmp_path):
-    cfg = load_config("cpu_demo", [f"rollout.sglang_python={tmp_path / 'absent'}"])  # engine: hf
-    assert cfg.rollout.sglang_python == str(tmp_path / "absent")
+    cfg = load_config("cpu_demo", [f"rollout.sglang.python={tmp_path / 'absent'}"])  # engine: hf
+    assert cfg.rollout.sglang.python == str(tmp_path / "absent")
 
 
 def test_unused_with_a_custom_command(no_env, tmp_path):
     py = fake_python(tmp_path)
-    with pytest.raises(ConfigError, match=r"rollout\.sglang_python=.*unused when rollout\.sglang_command is set"):
-        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang_python={py}",
-                                 "rollout.sglang_command=[srun,python]"])
+    with pytest.raises(ConfigError, match=r"rollout\.sglang\.python=.*unused when rollout\.sglang\.command is set"):
+        load_config("cpu_demo", ["rollout.engine=sglang", f"rollout.sglang.python={py}",
+                                 "rollout.sglang.command=[srun,python]"])

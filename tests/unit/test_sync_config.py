@@ -7,10 +7,11 @@ import dataclasses
 
 import pytest
 
-from hacrl_megatron.config import ConfigError, load_config, resolve_weight_sync
+from hacrl_megatron.config import ConfigError, load_config
+from hacrl_megatron.rollout.sglang_server import gpu_groups
+from hacrl_megatron.sync import make_transport, resolve_weight_sync
 from hacrl_megatron.sync.disk import DiskTransport
 from hacrl_megatron.sync.distributed import DistributedTransport
-from hacrl_megatron.sync.engines import gpu_groups, make_transport
 from hacrl_megatron.sync.tensor import TensorTransport
 
 
@@ -20,6 +21,7 @@ def cfg(*overrides):
 
 @pytest.mark.parametrize("overrides, mode", [
     ((), "distributed"), (("rollout.colocate=true",), "tensor"), (("rollout.weight_sync=disk",), "disk"),
+    (("rollout.engine=hf", "rollout.weight_sync=disk"), "disk"),
     (("rollout.weight_sync=tensor", "rollout.colocate=true"), "tensor"),
     (("rollout.weight_sync=distributed",), "distributed"),
 ])
@@ -39,7 +41,8 @@ def test_auto_and_explicit_modes_resolve(overrides, mode, tmp_path):
     (("rollout.weight_sync=distributed", "rollout.colocate=true"), "rollout.weight_sync", "use tensor"),
     (("rollout.weight_sync_bucket_mb=0",), "rollout.weight_sync_bucket_mb", "must be >= 1"),
     (("rollout.engine=hf", "rollout.colocate=true"), "rollout.colocate", "rollout.engine: sglang"),
-    (("rollout.sglang_tp=2", "agents.0.rollout_gpu_ids=[0,1,2]"), "agents.0.rollout_gpu_ids", "multiple of"),
+    (("rollout.weight_sync=inprocess",), "rollout.weight_sync", r"rollout.engine=sglang takes weights by \['auto', 'disk'"),
+    (("rollout.sglang.tp=2", "agents.0.rollout_gpu_ids=[0,1,2]"), "agents.0.rollout_gpu_ids", "multiple of"),
     (("agents.0.rollout_gpu_ids=[0,0]",), "agents.0.rollout_gpu_ids", "lists a GPU twice"),
 ])
 def test_layout_rules_name_the_field(overrides, field, rule):
@@ -47,9 +50,18 @@ def test_layout_rules_name_the_field(overrides, field, rule):
         cfg(*overrides)
 
 
+def test_the_hf_engine_copies_tensors_itself_unless_told_disk():
+    r = load_config("cpu_demo").rollout
+    assert resolve_weight_sync(r) == "inprocess"
+    with pytest.raises(ValueError, match="weight_sync='inprocess' needs no transport"):
+        make_transport(r, "a", None, None)
+    with pytest.raises(ValueError, match="needs a sync_dir"):
+        make_transport(load_config("cpu_demo", ["rollout.weight_sync=disk"]).rollout, "a", None, None)
+
+
 def test_engines_per_agent_from_gpu_ids():
-    exp = cfg("rollout.sglang_tp=2", "agents.0.rollout_gpu_ids=[4,5,6,7]")
-    assert gpu_groups(exp.agents[0].rollout_gpu_ids, exp.rollout.sglang_tp) == [[4, 5], [6, 7]]
+    exp = cfg("rollout.sglang.tp=2", "agents.0.rollout_gpu_ids=[4,5,6,7]")
+    assert gpu_groups(exp.agents[0].rollout_gpu_ids, exp.rollout.sglang.tp) == [[4, 5], [6, 7]]
     assert gpu_groups([], 2) == [None]
     bucket = dataclasses.replace(exp.rollout, weight_sync_bucket_mb=3)
     assert make_transport(bucket, "a", None, None).bucket_bytes == 3 << 20

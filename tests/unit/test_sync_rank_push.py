@@ -2,8 +2,8 @@
 in one process: two :class:`RankWorker` objects stand for a Ray agent's ranks, their exports are
 stubs (no collectives), and every argument crosses a pickle round trip as Ray would ship it.
 
-What is checked: the controller's transport hands a Ray export to the ranks and never reads it
-nor joins a group itself; rank 0's sender joins the group and broadcasts into two stand-in
+What is checked: a transport built with the agent's ranks has them push, never reads the export it
+is handed nor joins a group itself; rank 0's sender joins the group and broadcasts into two stand-in
 servers, which then hold the pushed state dict bit for bit; the senders persist between pushes and
 are rebuilt after a server restart; a server dying fails the push with the world in step (rank 0
 ran its whole export), and the engine pool then syncs the survivor and restores the restarted one.
@@ -19,8 +19,8 @@ import torch
 
 from hacrl_megatron.agents.ray_worker import PushOutcome, RankWorker
 from hacrl_megatron.exchange import load_tokenizer
-from hacrl_megatron.rollout import EnginePool, HFEngine, SamplingParams, SGLangEngine, SGLangUnreachable
-from hacrl_megatron.sync.distributed import DistributedTransport, RankExport, RankSource, push_from_rank
+from hacrl_megatron.rollout import EnginePool, EngineUnreachable, HFEngine, SamplingParams, SGLangEngine
+from hacrl_megatron.sync.distributed import DistributedTransport, RankSource, push_from_rank
 from tests.fixtures.fake_sglang_server import StandIn
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
 
@@ -63,6 +63,8 @@ class InProcessRanks:
             w.open_weight_sender(_ship(make_sender))
 
     def push_weights(self, engines, version: int) -> int:
+        # the engines travel as detached clients: no server process handle, no tokenizer
+        assert all(e.server is None and e.tokenizer is None for e in engines), engines
         self.outcomes = [w.push_weights(_ship(list(engines)), version) for w in reversed(self.workers)][::-1]
         for outcome in self.outcomes:
             if outcome.error is not None:
@@ -75,7 +77,7 @@ class InProcessRanks:
 
 
 class UnreadExport:
-    """A Ray export stream: the transport must hand it to its ranks, never read it."""
+    """A Ray export stream (``RayAgent.export_hf_weights``): a transport whose ranks push must never read it."""
 
     def __init__(self, ranks: InProcessRanks) -> None:
         self.ranks = ranks
@@ -89,13 +91,13 @@ def tok(tmp_path_factory):
     return load_tokenizer("char", tmp_path_factory.mktemp("tok"))
 
 
-def make_pool(tok, n_engines=2):
+def make_pool(tok, ranks, n_engines=2):
     servers = [StandIn(lambda: HFEngine(tiny_llama(len(tok)), tok)) for _ in range(n_engines)]
     for s in servers:
         s.start()
     engines = [SGLangEngine(s.base_url, eos_token_id=tok.eos_token_id, tokenizer=tok, server=s, name=f"engine{k}",
                             timeout=60) for k, s in enumerate(servers)]
-    transport = DistributedTransport(BUCKET_BYTES, backend="gloo", group_name="ranks", timeout_s=60)
+    transport = DistributedTransport(BUCKET_BYTES, backend="gloo", group_name="ranks", timeout_s=60, ranks=ranks)
     return EnginePool(engines, transport, name="a"), servers
 
 
@@ -108,8 +110,8 @@ def assert_holds(server: StandIn, state: dict[str, torch.Tensor]) -> None:
 def test_a_ray_export_is_pushed_by_rank_0_and_the_group_persists_until_a_restart(tok):
     pushed = dict(tiny_llama(len(tok), seed=1).state_dict())
     ranks = InProcessRanks(pushed)
-    assert isinstance(ranks, RankSource) and isinstance(UnreadExport(ranks), RankExport)
-    pool, servers = make_pool(tok)
+    assert isinstance(ranks, RankSource)
+    pool, servers = make_pool(tok, ranks)
     try:
         assert pool.sync_from(lambda: UnreadExport(ranks)) == len(pushed)
         assert pool.transport._group is None  # the controller joined no group
@@ -134,6 +136,8 @@ def test_a_ray_export_is_pushed_by_rank_0_and_the_group_persists_until_a_restart
         assert ranks.opened == 2 and rank0._group is None  # the old sender closed its group
         assert [p for p, _ in servers[0].log].count("/destroy_weights_update_group") == 1
         assert_holds(servers[1], pushed)
+        with pytest.raises(ValueError, match="the agent's ranks send their own export"):
+            pool.load_weights(pushed.items())  # tensors of this process: refused, not replaced by the ranks'
     finally:
         pool.close()
     assert all(w._sender is None for w in ranks.workers)  # closing the pool closed the ranks' senders
@@ -142,7 +146,7 @@ def test_a_ray_export_is_pushed_by_rank_0_and_the_group_persists_until_a_restart
 def test_a_server_dying_fails_the_ranks_push_in_step_and_the_pool_recovers(tok):
     pushed = dict(tiny_llama(len(tok), seed=2).state_dict())
     ranks = InProcessRanks(pushed)
-    pool, servers = make_pool(tok)
+    pool, servers = make_pool(tok, ranks)
     try:
         servers[1].kill()
         assert pool.sync_from(lambda: UnreadExport(ranks)) == len(pushed)  # retried with the survivor
@@ -169,6 +173,6 @@ def test_a_failed_push_on_rank_0_runs_the_rest_of_its_export():
 
     dead = SGLangEngine("http://127.0.0.1:9", eos_token_id=0, timeout=5)
     transport = DistributedTransport(16, backend="gloo", group_name="dead", timeout_s=5)
-    with pytest.raises(SGLangUnreachable):
+    with pytest.raises(EngineUnreachable):
         push_from_rank(export(), transport, [dead], version=1)
     assert produced == [0, 1, 2, 3, 4]  # the other ranks' gathers would otherwise wait forever

@@ -1,0 +1,44 @@
+"""Starting an agent's engine clients from the configuration, whichever engine ``rollout.engine`` names.
+
+Each engine has one module in ``rollout/`` that defines its client and
+``start_engines(exp, agent_cfg, model, tokenizer, root) -> StartedEngines``: start the agent's
+engines on ``model``'s weights (files under ``root``, the agent's engine folder) and return their
+clients (:class:`~hacrl_megatron.rollout.protocol.StartedEngines`). :data:`ENGINE_MODULES` maps the
+engine's name to that module, imported only when the engine is chosen (so SGLang's module never
+loads on a CPU run). The weight transport that reaches the clients is built by ``sync/``; the trainer
+puts both in an :class:`~hacrl_megatron.rollout.engine_pool.EnginePool` (``trainer/runtime.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hacrl_megatron.rollout.protocol import StartedEngines
+
+if TYPE_CHECKING:
+    from hacrl_megatron.config import AgentConfig, ExperimentConfig
+
+# rollout.engine -> the module whose start_engines starts that engine (config/schema.py: ENGINES)
+ENGINE_MODULES = {
+    "hf": "hacrl_megatron.rollout.hf_engine",
+    "sglang": "hacrl_megatron.rollout.sglang_server",
+}
+
+
+def engine_root(exp: ExperimentConfig, agent_name: str) -> Path:
+    """The agent's engine folder: initial weights, server logs, weight-sync folders."""
+    return Path(exp.output_dir) / "engines" / agent_name
+
+
+def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any) -> StartedEngines:
+    """Start ``agent_cfg``'s engines on ``model``'s weights (an HF model in this process)."""
+    name = exp.rollout.engine
+    if name not in ENGINE_MODULES:
+        raise ValueError(f"rollout.engine={name!r}: no engine module; known: {sorted(ENGINE_MODULES)}")
+    module = importlib.import_module(ENGINE_MODULES[name])
+    started = module.start_engines(exp, agent_cfg, model, tokenizer, engine_root(exp, agent_cfg.name))
+    if not started.clients:
+        raise ValueError(f"rollout.engine={name!r}: agent {agent_cfg.name!r} got no engine")
+    return started

@@ -1,0 +1,201 @@
+"""The engine seam: what an engine client offers the pool and the weight transports, and what a transport is.
+
+An **engine client** (:class:`EngineClient`) is one rollout engine as :class:`~hacrl_megatron.rollout.
+engine_pool.EnginePool` drives it: generation with fixed per-sample seeds, scoring, health, restart,
+memory hand-over, counters, shutdown. A **weight transport** (:class:`WeightTransport`, implementations in
+``sync/``) moves the trainer's HF-named tensors into every client of an agent; each transport names the
+weight-update operations it calls on a client (``engine_protocol``), and a client that offers them can
+be reached by it:
+
+=====================  ==========================================================================
+transport (``sync/``)  operations it calls on each client
+=====================  ==========================================================================
+disk                   :class:`DiskWeightLoader`: ``update_weights_from_disk(folder, version)``
+tensor                 :class:`TensorWeightLoader`: ``tp_size``, ``update_weights_from_tensor(...)``
+distributed            :class:`BroadcastWeightLoader`: ``init/destroy_weights_update_group``,
+                       ``update_weights_from_distributed(...)``, ``base_url``, ``tp_size``, ``detached()``
+=====================  ==========================================================================
+
+How a client carries an operation out (an HTTP route, a method call in this process) is the client's
+business: transports never see routes. :class:`~hacrl_megatron.rollout.sglang_engine.SGLangEngine`
+offers all three; :class:`~hacrl_megatron.rollout.hf_engine.HFEngine` (in this process) offers disk.
+A client's address (``base_url``) is whatever it was built with: a transport never assumes the engine
+runs on this host.
+
+No heavy imports (torch for type hints only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from hacrl_megatron.rollout.types import Completion, SamplingParams
+
+if TYPE_CHECKING:
+    import torch
+
+
+class EngineError(RuntimeError):
+    """An engine refused or failed a request; the message names the engine and carries its reply."""
+
+
+class EngineUnreachable(EngineError):
+    """No connection to the engine (refused, reset): it is down or still starting."""
+
+
+@runtime_checkable
+class EngineClient(Protocol):
+    """One rollout engine as the pool drives it (a server's client, or a model in this process)."""
+
+    name: str  # label in metrics ("engine0", ...)
+
+    def generate_seeded(self, prompt_token_ids: list[list[int]], params: SamplingParams,
+                        seeds: list[int] | None) -> list[list[Completion]]:
+        """``params.n`` completions per prompt, sample j of prompt i drawn with ``seeds[i · n + j]``
+        (None: greedy decoding). A sample depends only on its seed, not on the call it is part of."""
+        ...
+
+    def sequence_logprob(self, prompt_ids: list[int], response_ids: list[int]) -> float:
+        """Σ log π(response | prompt) under the current weights (nats, temperature 1)."""
+        ...
+
+    def health(self) -> bool:
+        """The engine answers now."""
+        ...
+
+    def alive(self) -> bool:
+        """The engine answers and, if this process started it, its process runs."""
+        ...
+
+    def restart(self) -> None:
+        """Start the engine again (back on its initial weights); raises :class:`EngineError` if it cannot."""
+        ...
+
+    def release_memory(self, tags: list[str] | None = None) -> None:
+        """Free the engine's GPU memory ("weights", "kv_cache"; None: both) while the trainer trains."""
+        ...
+
+    def resume_memory(self, tags: list[str] | None = None) -> None:
+        """Take back what :meth:`release_memory` freed."""
+        ...
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since creation; at least tokens, seconds, tokens_per_s, sequences, restarts."""
+        ...
+
+    def close(self) -> None:
+        """Stop what this client started (a server process); idempotent."""
+        ...
+
+
+@runtime_checkable
+class DiskWeightLoader(Protocol):
+    """A client that loads weights from a folder of safetensors files (``sync/disk.py``)."""
+
+    def update_weights_from_disk(self, folder: str, version: int) -> None:
+        """Load every tensor of ``folder`` (HF names; a folder every engine process can read) as weight
+        version ``version``. Raises :class:`EngineError` when the engine refuses."""
+        ...
+
+
+@runtime_checkable
+class TensorWeightLoader(Protocol):
+    """A client that takes tensors as IPC handles from a process on its GPUs (``sync/tensor.py``)."""
+
+    tp_size: int  # the engine's receiving ranks: one serialized copy of each bucket per rank
+
+    def update_weights_from_tensor(self, serialized: list[str], *, flush_cache: bool, version: int) -> None:
+        """Load one bucket: ``serialized[k]`` is rank k's copy (``sync/cuda_ipc.dumps_named_tensors``).
+        ``flush_cache`` on the last bucket of a push; returns after the engine copied the tensors."""
+        ...
+
+
+@runtime_checkable
+class BroadcastWeightLoader(Protocol):
+    """A client whose ranks join a process group with the trainer and receive broadcast buckets
+    (``sync/distributed.py``)."""
+
+    base_url: str  # where the engine is reached (the trainer's address towards it is derived from it)
+    tp_size: int  # the engine's ranks in the group
+
+    def health(self) -> bool:
+        """The engine answers now (checked before a broadcast that would otherwise hang on it)."""
+        ...
+
+    def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
+                                  world_size: int, group_name: str, backend: str) -> None:
+        """The engine's ranks join group ``group_name`` (ranks ``rank_offset`` … ``rank_offset + tp_size − 1``
+        of ``world_size``; rank 0, the trainer, hosts the store at ``master_address:master_port``).
+        Blocks until the group is complete."""
+        ...
+
+    def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
+                                        group_name: str, flush_cache: bool, version: int) -> None:
+        """Receive one bucket broadcast from group rank 0: the tensors' bytes concatenated in order
+        without padding (``sync/distributed.flatten_bucket``); dtypes as torch names ("bfloat16").
+        Returns after the engine loaded them."""
+        ...
+
+    def destroy_weights_update_group(self, group_name: str) -> None:
+        """The engine's ranks leave group ``group_name``."""
+        ...
+
+    def detached(self) -> BroadcastWeightLoader:
+        """A copy of this client that pickles (no server process, no tokenizer), for the trainer's ranks."""
+        ...
+
+
+@runtime_checkable
+class WeightTransport(Protocol):
+    """Moves HF-named tensors from the trainer into engine clients (implementations: ``sync/``)."""
+
+    name: str
+    engine_protocol: type  # what every client must offer to be reached (one of the loaders above)
+
+    def push(self, engines: Sequence[Any], named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> int:
+        """Load ``named_tensors`` into every engine as weight version ``version``; returns the
+        number of tensors sent. Consumes the iterator once (it may be a collective export)."""
+        ...
+
+    def restore(self, engine: Any, version: int) -> bool:
+        """After ``engine`` restarted (initial weights): load version ``version`` into it without
+        the trainer. False when this transport cannot (the engine then waits for the next push)."""
+        ...
+
+    def close(self) -> None:
+        """Release what the transport holds (process groups, temporary files); idempotent."""
+        ...
+
+
+@dataclass(frozen=True)
+class StartedEngines:
+    """What an engine module's ``start_engines`` returns (``rollout/launch.py``).
+
+    Fields:
+        clients: one client per engine of the agent, on the agent's initial weights.
+        model_dir: a folder holding those weights and the model's config files (what a server
+            loaded; the disk transport copies its config files into each version folder), or None
+            when the engine read no folder (the in-process HF engine).
+    """
+
+    clients: list[EngineClient]
+    model_dir: Path | None = None
+
+
+def check_reachable(engines: Sequence[Any], transport: WeightTransport, owner: str) -> None:
+    """Raise ValueError naming the first engine that lacks an operation ``transport`` calls."""
+    need = transport.engine_protocol
+    for engine in engines:
+        if not isinstance(engine, need):
+            missing = [m for m in _members(need) if not hasattr(engine, m)]
+            raise ValueError(f"{owner}: engine {getattr(engine, 'name', '?')!r} ({type(engine).__name__}) cannot take "
+                             f"weights by {transport.name}: it lacks {missing}")
+
+
+def _members(protocol: type) -> list[str]:
+    names = set(getattr(protocol, "__annotations__", {}))
+    names |= {k for k, v in vars(protocol).items() if callable(v) and not k.startswith("_")}
+    return sorted(names)

@@ -1,0 +1,60 @@
+"""How the trainer's weights reach an agent's engine: the loop's entry point and the transport the
+configuration names.
+
+:func:`sync_weights` hands the agent's HF-named export (gathered across TP/PP for Megatron agents)
+to the engine's ``sync_from``: the in-process HF engine copies the tensors into its model
+(``rollout.weight_sync: inprocess``); an :class:`~hacrl_megatron.rollout.engine_pool.EnginePool`
+sends them through its transport, which :func:`make_transport` builds from ``rollout.weight_sync``
+(``auto`` resolved by the engine's section, :func:`resolve_weight_sync`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hacrl_megatron.agents.handle import AgentHandle
+from hacrl_megatron.config import RolloutConfig
+from hacrl_megatron.rollout.types import TrainingEngine
+
+if TYPE_CHECKING:
+    from hacrl_megatron.rollout.protocol import WeightTransport
+    from hacrl_megatron.sync.distributed import RankSource
+
+
+def sync_weights(agent: AgentHandle, engine: TrainingEngine) -> int:
+    """Push ``agent``'s HF-named weights into ``engine``; returns the number of tensors sent."""
+    return engine.sync_from(agent.export_hf_weights)
+
+
+def resolve_weight_sync(r: RolloutConfig) -> str:
+    """``rollout.weight_sync`` with auto resolved by the engine's section (``rollout.hf``: inprocess;
+    ``rollout.sglang``: tensor when colocated, else distributed)."""
+    if r.weight_sync != "auto":
+        return r.weight_sync
+    return r.engine_settings.auto_weight_sync(r.colocate)
+
+
+def make_transport(r: RolloutConfig, agent_name: str, sync_dir: Path | None, base_model_dir: Path | None,
+                   ranks: RankSource | None = None) -> WeightTransport:
+    """The transport ``rollout.weight_sync`` names (auto resolved) for agent ``agent_name``.
+
+    ``sync_dir``: the disk transport's version folders; ``base_model_dir``: a folder whose config
+    files complete each version folder (None: safetensors only); ``ranks``: an agent whose own ranks
+    broadcast (a Ray agent; distributed transport only).
+    """
+    from hacrl_megatron.sync.disk import DiskTransport
+    from hacrl_megatron.sync.distributed import DistributedTransport
+    from hacrl_megatron.sync.tensor import TensorTransport
+
+    mode, bucket = resolve_weight_sync(r), r.weight_sync_bucket_mb << 20
+    if mode == "disk":
+        if sync_dir is None:
+            raise ValueError(f"make_transport: rollout.weight_sync=disk for agent {agent_name!r} needs a sync_dir")
+        return DiskTransport(sync_dir, base_model_dir)
+    if mode == "tensor":
+        return TensorTransport(bucket)
+    if mode == "distributed":
+        return DistributedTransport(bucket, group_name=f"hacrl_{agent_name}", ranks=ranks)
+    raise ValueError(f"make_transport: rollout.weight_sync={mode!r} needs no transport (the engine copies the "
+                     "trainer's tensors itself)")
