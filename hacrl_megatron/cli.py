@@ -27,7 +27,9 @@ from hacrl_megatron.config import ConfigError, check_data_files, load_config, pr
 from hacrl_megatron.config.files import check_model_files
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.errors import InputError
-from hacrl_megatron.trainer.run_folder import RunFolderError, resume_note
+from hacrl_megatron.outputs import check_dir
+from hacrl_megatron.paths import CACHE_ENV, default_cache_dir
+from hacrl_megatron.trainer.run_folder import RunFolderError, check_output_paths, resume_note
 
 DEFAULT_PRESET = "cpu_demo"
 
@@ -50,9 +52,11 @@ def _add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def _check_files(cfg) -> None:
-    """The files the run reads exist here (data, checker, models, tokenizers, init checkpoints)."""
+    """The files the run reads exist here (data, checker, models, tokenizers, init checkpoints) and
+    every path it writes can be written (output and checkpoint folders, metrics, the cache)."""
     check_data_files(cfg.data)
     check_model_files(cfg)
+    check_output_paths(cfg)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:
@@ -116,7 +120,9 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
     from hacrl_megatron.trainer.pretrain import pretrain_all
 
     cfg = load_config(args.preset, args.overrides)
-    _check_files(cfg)
+    check_data_files(cfg.data)
+    check_model_files(cfg)
+    check_dir(default_cache_dir() / "warmup", f"the warm-up cache (${CACHE_ENV})")  # where pretrain writes
     log_to_console()
     pretrain_all(cfg, force=args.force)
     return 0

@@ -11,11 +11,17 @@ Every import counts: at module level, inside functions (lazy imports of heavy ba
 * no import cycle between the package's units (subpackages and top-level modules);
 * no import cycle between the package's modules either (``config/schema.py`` ↔ ``config/validation.py``
   through a lazy import was one), lazy imports inside functions included.
+
+Two rules on what the code says rather than what it imports keep seams from leaking: no comparison
+on the method switches outside ``algo/`` and ``config/``, and no engine HTTP route (``"/generate"``,
+``"/update_weights_from_disk"``, ... as the clients of ``rollout/`` use them) outside ``rollout/``
+(docs/architecture.md, "Seams").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 import sys
 from pathlib import Path
 
@@ -298,3 +304,79 @@ def test_method_comparison_checker_sees_fields_names_and_membership(tmp_path):
     (pkg / "algo" / "algorithm.py").write_text("def g(cfg):\n    return cfg.algorithm == 'grpo'\n")
     assert [line.split(": ")[0] for line in method_comparisons(pkg)] == [
         f"{PACKAGE}/trainer/stages.py:2", f"{PACKAGE}/trainer/stages.py:3", f"{PACKAGE}/trainer/stages.py:4"]
+
+
+# ---- an engine's routes stay in its client (rollout/): transports call the client's methods ---------------
+ROUTE_UNIT = "rollout"
+ROUTE = re.compile(r"/[a-z][a-z_]*")
+SGLANG_ROUTES = {"/generate", "/health", "/update_weights_from_disk", "/update_weights_from_tensor",
+                 "/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
+                 "/release_memory_occupation", "/resume_memory_occupation"}
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    """ids of the docstring constants of a module, its classes and functions (prose may name a route)."""
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant):
+                out.add(id(first.value))
+    return out
+
+
+def engine_routes(root: Path = None) -> set[str]:
+    """The HTTP routes rollout/'s engine clients use: every plain string literal ``/name`` there (the
+    pieces of f-strings, such as metric keys ``f"{engine}/tokens"``, are not routes)."""
+    root = root or ROOT
+    found = set()
+    for path in sorted((root / ROUTE_UNIT).rglob("*.py")):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        pieces = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in pieces
+                    and ROUTE.fullmatch(node.value)):
+                found.add(node.value)
+    return found
+
+
+def route_strings(root: Path = None, routes: set[str] | None = None) -> list[str]:
+    """``file:line`` of every string literal outside rollout/ (docstrings aside) that holds an engine route."""
+    root = root or ROOT
+    routes = engine_routes(root) if routes is None else routes
+    pattern = re.compile("|".join(re.escape(r) + r"(?![a-z_])" for r in sorted(routes)))
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        if path.relative_to(root).parts[0] == ROUTE_UNIT:
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docs = _docstring_nodes(tree)
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs
+                    and pattern.search(node.value)):
+                out.append(f"{path.relative_to(root.parent)}:{node.lineno}: {node.value!r}")
+    return out
+
+
+def test_engine_routes_are_spoken_only_by_the_engine_clients():
+    assert SGLANG_ROUTES <= engine_routes()  # the checker reads the routes the SGLang client really uses
+    found = route_strings()
+    assert not found, ("an engine's HTTP routes belong to its client in rollout/; call the client's method "
+                       "(rollout/protocol.py) instead:\n" + "\n".join(found))
+
+
+def test_route_checker_sees_calls_and_f_strings_not_prose(tmp_path):
+    pkg = tmp_path / PACKAGE
+    for sub in ("rollout", "sync"):
+        (pkg / sub).mkdir(parents=True)
+    (pkg / "rollout" / "client.py").write_text('def load(c, name):\n    c.post("/update_weights_from_disk", {})\n'
+                                               '    return f"{name}/tokens"\n')
+    (pkg / "sync" / "disk.py").write_text(
+        '"""Then the engine\'s /update_weights_from_disk."""\n'
+        "def push(e, url):\n"
+        '    """Calls /update_weights_from_disk."""\n'
+        '    e.post("/update_weights_from_disk", {})\n'
+        '    return f"{url}/update_weights_from_disk?x", "/update_weights_from_disk_v2"\n')
+    assert engine_routes(pkg) == {"/update_weights_from_disk"}
+    assert [line.split(": ")[0] for line in route_strings(pkg)] == [f"{PACKAGE}/sync/disk.py:4",
+                                                                    f"{PACKAGE}/sync/disk.py:5"]
