@@ -43,6 +43,8 @@ from hacrl_megatron.models.provider import (
     build_gpt_model,
     validate_layout,
 )
+from hacrl_megatron.outputs import OutputPathError, check_dir, claim_output
+from hacrl_megatron.paths import CACHE_ENV, default_cache_dir
 
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
                     "merges.txt", "tokenizer.model", "chat_template.jinja", "generation_config.json")
@@ -80,6 +82,16 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if args.gguf_file and not args.from_hf:
         print("hacrl convert: --gguf-file needs --from-hf DIR (the folder that holds the GGUF)", file=sys.stderr)
+        return 2
+    try:  # the destination can be written, is no run's own folder; the cache too when SmolLM2 is converted
+        if args.to_megatron:
+            claim_output(args.to_megatron, "--to-megatron")
+        else:
+            claim_output(args.to_hf, "--to-hf")
+        if args.from_hf == "smollm2":
+            check_dir(default_cache_dir(), f"the cache (${CACHE_ENV})")
+    except OutputPathError as err:
+        print(f"hacrl convert: {err}", file=sys.stderr)
         return 2
     world = args.tp * args.pp
     t0 = time.perf_counter()

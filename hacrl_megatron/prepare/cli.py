@@ -16,6 +16,8 @@ import logging
 import sys
 from pathlib import Path
 
+from hacrl_megatron.errors import InputError
+from hacrl_megatron.outputs import claim_output
 from hacrl_megatron.prepare.data import DATASETS, prepare_dataset
 from hacrl_megatron.prepare.hub import HubError
 from hacrl_megatron.prepare.model import convert_to_megatron, prepare_model
@@ -47,6 +49,7 @@ def _data(args: argparse.Namespace) -> int:
     if unknown:
         print(f"hacrl prepare: unknown dataset(s) {unknown}; known: {', '.join(DATASETS)} (or all)", file=sys.stderr)
         return 2
+    claim_output(args.out, "--out")  # before the hub is asked for anything
     for name in names:
         counts = prepare_dataset(name, args.out, mirror=args.mirror)
         splits = ", ".join(f"{split} {n}" for split, n in counts.items())
@@ -58,6 +61,9 @@ def _model(args: argparse.Namespace) -> int:
     if args.tp < 1 or args.pp < 1:
         print(f"hacrl prepare: --tp={args.tp} and --pp={args.pp} must be >= 1", file=sys.stderr)
         return 2
+    claim_output(args.out, "--out")
+    if args.convert_out:
+        claim_output(args.convert_out, "--convert-out")
     folder = prepare_model(args.repo_id, args.out, name=args.name, revision=args.revision, mirror=args.mirror)
     print(f"hacrl prepare: {args.repo_id} in {folder}")
     if not args.convert:
@@ -70,6 +76,6 @@ def main(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         return _data(args) if args.what == "data" else _model(args)
-    except HubError as err:  # one line, no traceback: the network, a mirror folder, a missing repo
+    except (HubError, InputError) as err:  # one line, no traceback: the network, a mirror, a missing repo, a path
         print(f"hacrl prepare: {err}", file=sys.stderr)
         return 2
