@@ -13,7 +13,10 @@ import argparse
 import logging
 
 from hacrl_megatron.eval.evaluate import EvalSettings, markdown_table, write_results
+from hacrl_megatron.eval.inputs import EvalInputError, check_agent_folder, check_eval_args
 from hacrl_megatron.eval.run import EvalData, run_eval
+from hacrl_megatron.outputs import check_dir, claim_output
+from hacrl_megatron.paths import CACHE_ENV, default_cache_dir
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 
@@ -73,6 +76,22 @@ def _per_agent(values: list[str] | None, agents: list[str], flag: str) -> list[s
     return list(values)
 
 
+def _check_inputs(args: argparse.Namespace, tokenizers: list[str | None]) -> EvalData:
+    """Every argument, agent folder and output path, before any model loads (like ``hacrl convert``)."""
+    check_eval_args(args)
+    if args.out:
+        claim_output(args.out, "--out")
+    for agent, tok in zip(args.agent, tokenizers, strict=True):
+        check_agent_folder(agent, own_tokenizer=tok is None)
+    if any(tok in ("char", "pair", "smollm2") for tok in tokenizers) or "smollm2" in args.agent:
+        check_dir(default_cache_dir(), f"the cache (${CACHE_ENV})")  # built-in tokenizers and SmolLM2 live there
+    try:
+        return EvalData(args.benchmarks, dict(args.data), limit=args.limit, difficulty=args.difficulty,
+                        task_seed=args.task_seed)
+    except ValueError as err:
+        raise EvalInputError(str(err).replace("run_eval: ", "--benchmarks/--data: ")) from None
+
+
 def main(args: argparse.Namespace) -> int:
     """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -80,8 +99,7 @@ def main(args: argparse.Namespace) -> int:
     if args.name and len(args.name) == 1 and len(args.agent) > 1:
         raise SystemExit("hacrl eval: give one --name per --agent")
     tokenizers = _per_agent(args.tokenizer, args.agent, "--tokenizer")
-    data = EvalData(args.benchmarks, dict(args.data), limit=args.limit, difficulty=args.difficulty,
-                    task_seed=args.task_seed)
+    data = _check_inputs(args, tokenizers)
     settings = EvalSettings(k=args.k, n=args.n, greedy=not args.sample, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens, template=args.template, seed=args.seed)
     results = []

@@ -20,6 +20,7 @@ import torch
 
 from hacrl_megatron.data import BENCHMARKS, TASKS, PromptRecord, load_benchmark, make_task
 from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate, write_results
+from hacrl_megatron.eval.inputs import check_agent_folder, load_failure
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
 from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 from hacrl_megatron.reward.pool import VerifierPool
@@ -106,11 +107,18 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
                                 "pass a folder written by save_pretrained, 'smollm2', or a RolloutEngine")
     if dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"run_eval: dtype={dtype!r} must be float32 | bfloat16 | float16")
+    check_agent_folder(str(folder), own_tokenizer=tokenizer is None)  # damaged files named before loading
     spec = tokenizer if isinstance(tokenizer, str) else None
     if tokenizer is None or isinstance(tokenizer, str):
-        tokenizer = load_tokenizer(tokenizer or str(folder))
+        try:
+            tokenizer = load_tokenizer(tokenizer or str(folder))
+        except (OSError, ValueError, TypeError, KeyError, RuntimeError, ImportError) as err:  # valid JSON, no tokenizer
+            raise load_failure("tokenizer" if spec is None else f"tokenizer {spec!r}", folder, err) from err
     check_tokenizer_fits(folder, tokenizer, spec)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), local_files_only=True)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:  # shapes not matching the config, ...
+        raise load_failure("model", folder, err) from err
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return HFEngine(model.to(device), tokenizer, max_batch_size=max_batch_size), tokenizer
 
