@@ -19,7 +19,9 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import signal
 import sys
+import threading
 
 import yaml
 
@@ -42,6 +44,16 @@ EXTERNAL_COMMANDS = {
     "plan": ("hacrl_megatron.plan.cli", "memory, layout and step-time planner for a cluster (docs/planner.md)"),
     "prepare": ("hacrl_megatron.prepare.cli", "fetch the paper's datasets and models (hub or local mirror)"),
 }
+
+
+class Terminated(BaseException):
+    """SIGTERM (a scheduler stopping the job: Slurm's scancel or time limit), raised in the main thread
+    like Ctrl-C's KeyboardInterrupt so that the run stops the same way (exit 143 = 128 + SIGTERM)."""
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while stopping ends the process at once
+    raise Terminated
 
 
 def _add_config_args(p: argparse.ArgumentParser) -> None:
@@ -110,6 +122,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:  # Ctrl-C: one line saying where to continue from, exit 130 (128 + SIGINT)
         print(f"hacrl: interrupted; {resume_note(cfg)}", file=sys.stderr)
         return 130
+    except Terminated:  # a scheduler's SIGTERM: the same line, exit 143 (128 + SIGTERM)
+        print(f"hacrl: terminated (SIGTERM); {resume_note(cfg)}", file=sys.stderr)
+        return 143
     except NonFiniteError as err:  # the diverged step wrote no checkpoint: name the newest one
         print(f"hacrl: {err}; {resume_note(cfg)}", file=sys.stderr)
         return 1
@@ -159,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    in_main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return int(args.func(args) or 0)
     except ConfigError as err:
@@ -176,6 +193,12 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("hacrl: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("hacrl: terminated (SIGTERM)", file=sys.stderr)
+        return 143
+    finally:
+        if in_main_thread:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
 
 
 if __name__ == "__main__":

@@ -51,9 +51,13 @@ def atomic_save_dir(target: Path, save: Callable[[Path], object], replace: bool 
     kept, since another process wrote the same content. ``replace=True`` (exports, retrained
     warm-ups): the new folder replaces it; the old one is first renamed aside, so ``target`` is
     at every moment either the old or the new complete folder, or briefly absent. A failing
-    ``save`` leaves ``target`` untouched and removes its temporary folder.
+    ``save`` leaves ``target`` untouched and removes its temporary folder. With ``replace=True``
+    the caller owns ``target``, and the temporary and set-aside folders a killed writer left
+    (``.<name>.tmp<pid>``, ``.<name>.old<pid>`` of a process no longer alive) are removed first.
     """
     target.parent.mkdir(parents=True, exist_ok=True)
+    if replace:
+        remove_dead_writers_leftovers(target)
     tmp = target.parent / f".{target.name}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -72,3 +76,29 @@ def atomic_save_dir(target: Path, save: Callable[[Path], object], replace: bool 
         os.replace(tmp, target)
     except OSError:  # another process won the race; its copy is identical
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def remove_dead_writers_leftovers(target: Path) -> list[Path]:
+    """Remove ``.<name>.tmp<pid>`` / ``.<name>.old<pid>`` next to ``target`` whose pid is not alive on
+    this host (a ``kill -9`` during :func:`atomic_save_dir`); returns what was removed."""
+    removed = []
+    if not target.parent.is_dir():
+        return removed
+    for entry in target.parent.iterdir():
+        for kind in (".tmp", ".old"):
+            prefix = f".{target.name}{kind}"
+            pid = entry.name[len(prefix):]
+            if entry.name.startswith(prefix) and pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                shutil.rmtree(entry, ignore_errors=True)
+                removed.append(entry)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True

@@ -5,7 +5,9 @@ Keys are namespaced per agent (``llama/hacpo/cross_clipfrac``).
 ``metrics.jsonl`` survives interruptions: each row is one ``write`` call, a row that fails half
 way (a full disk) is cut off again at once, a torn last line left by a killed run is removed when
 the file is opened again (resume), and :func:`read_metrics` skips a line that is not valid JSON,
-reporting its line number.
+reporting its line number. Opening it again also says how much of it is not metrics: damaged lines
+are counted and named (and kept); a file holding no metrics row at all is moved aside whole, never
+cut down to nothing, and a new one is started.
 """
 
 from __future__ import annotations
@@ -58,12 +60,44 @@ def repair_torn_tail(path: Path) -> int:
     return size - keep
 
 
+def _line_list(numbers: list[int], shown: int = 5) -> str:
+    head = ", ".join(str(n) for n in numbers[:shown])
+    return head + (f" and {len(numbers) - shown} more" if len(numbers) > shown else "")
+
+
+def check_existing_metrics(path: Path) -> None:
+    """Before appending to an existing ``path`` (a resume): report lines that are not metrics rows
+    (keeping them: :func:`read_metrics` skips them), move a file without a single metrics row aside to
+    ``<name>.unreadable-<n>``, and cut a torn last line (:func:`repair_torn_tail`)."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    rows, skipped = read_metrics_lines(path)
+    with open(path, "rb") as f:
+        lines = sum(1 for _ in f)
+    if not rows and skipped:
+        n = 1
+        while path.with_name(f"{path.name}.unreadable-{n}").exists():
+            n += 1
+        aside = path.with_name(f"{path.name}.unreadable-{n}")
+        os.replace(path, aside)
+        logger.warning("%s: none of its %d lines is a metrics row (%s at line %d): not a metrics file of this run, "
+                       "or damaged; moved aside to %s and a new one started", path, lines, skipped[0][1],
+                       skipped[0][0], aside.name)
+        return
+    torn_last = skipped and skipped[-1][0] == lines and "no newline" in skipped[-1][1]
+    damaged = [n for n, _ in (skipped[:-1] if torn_last else skipped)]
+    if damaged:
+        logger.warning("%s: %d of its %d lines are not metrics rows (line %s); they are kept, and read_metrics "
+                       "skips them", path, len(damaged), lines, _line_list(damaged))
+    repair_torn_tail(path)
+
+
 class JsonlWriter:
     """Appends one JSON object per line to ``path``; a failed write leaves no partial line behind."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        repair_torn_tail(path)
+        check_existing_metrics(path)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, row: dict[str, Any]) -> None:

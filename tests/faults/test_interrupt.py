@@ -1,5 +1,5 @@
-"""Ctrl-C: `hacrl train` exits 130 with one line naming the last checkpoint, without a traceback,
-and leaves a folder the next run can resume from."""
+"""Ctrl-C and SIGTERM: `hacrl train` exits 130 (SIGINT) or 143 (SIGTERM, a scheduler's stop) with one
+line naming the last checkpoint, without a traceback, and leaves a folder the next run can resume from."""
 
 from __future__ import annotations
 
@@ -79,3 +79,60 @@ def test_real_sigint_to_a_running_train_process(tmp_path):
     resumed = loop.train(exp_with(exp, train={"steps": int(named.name[-6:]) + 1}, checkpoint={"resume": True}))
     assert resumed.step == int(named.name[-6:]) + 1
     assert read_metrics(Path(exp.output_dir) / "metrics.jsonl")[-1]["step"] == resumed.step
+
+
+SIGTERM_DURING_TRAIN = """
+import os, signal, sys, time
+from pathlib import Path
+from hacrl_megatron.cli import main
+from hacrl_megatron.trainer import loop
+
+def train(cfg):  # a run that has written step 2, then gets the scheduler's SIGTERM
+    root = Path(sys.argv[2])
+    (root / "step-000002").mkdir(parents=True)
+    (root / "step-000002" / "COMPLETE").write_text("2")
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(30)
+
+loop.train = train
+sys.exit(main(["train", "--preset", sys.argv[1]]))
+"""
+
+
+def test_sigterm_exits_143_with_one_line_naming_the_last_checkpoint(tmp_path):
+    exp = tiny(tmp_path)
+    root = checkpoint_dir(exp)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    done = subprocess.run([sys.executable, "-c", SIGTERM_DURING_TRAIN, preset_file(tmp_path, exp), str(root)],
+                          capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 143, done.stderr
+    assert done.stderr == (f"hacrl: terminated (SIGTERM); last checkpoint: {root / 'step-000002'} "
+                           "(continue with checkpoint.resume=true)\n")
+
+
+@pytest.mark.slow
+def test_real_sigterm_to_a_running_train_process(tmp_path):
+    """SIGTERM to the whole process group, as Slurm does at scancel or the time limit."""
+    exp = exp_with(tiny(tmp_path, steps=500, every=1), train={"verifier_workers": 1})
+    root = checkpoint_dir(exp)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    proc = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--preset", preset_file(tmp_path, exp)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not any(int(c.parent.name[-6:]) >= 2 for c in root.glob("step-*/COMPLETE")):
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "no checkpoint within 300 s"
+            time.sleep(0.2)
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"hacrl: terminated (SIGTERM); last checkpoint: {root}/step-")
+    named = Path(last.split("last checkpoint: ")[1].split(" ")[0])
+    assert named == find_resume_checkpoint(root) and list(root.glob(".tmp-*")) == []
