@@ -7,7 +7,11 @@
 
 Container image (docker and slurm): ``--container-image``, else ``$HACRL_IMAGE``, else
 ``hacrl-megatron:<package version>``, the tag the top-level Dockerfile is built with (README
-"Containers"); ``--container-image none`` runs a Slurm job on the nodes' own Python environment.
+"Containers"); ``--container-image none`` runs a Slurm job on the nodes' own Python environment, and
+``--container-image /shared/images/hacrl.sqsh`` (an absolute path ending in .sqsh) runs it from a
+squashfs file on the shared filesystem. Slurm jobs take all of each node's memory (``--mem 0``), are
+not requeued unless ``--requeue`` is given (accepted only with ``checkpoint.resume=true``: a restarted
+job must resume, not start over), and ``--socket-ifname IFACE`` sets NCCL's and gloo's interface.
 The configuration is resolved and validated here first, so a typo fails before anything is
 submitted. Exit status: 0 when the job succeeded (or, with --detach/--dryrun, was submitted/written),
 1 when it failed, 2 for bad arguments.
@@ -75,6 +79,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ssh-user", help="SSH user (slurm)")
     g.add_argument("--packager", choices=("git", "none"), default="git",
                    help="git: ship the committed checkout; none: the image has hacrl_megatron installed")
+    g.add_argument("--mem", default="0", help="sbatch --mem per node (slurm; default 0: all of the node's memory)")
+    g.add_argument("--requeue", action="store_true",
+                   help="let Slurm requeue the job after a node failure or preemption (slurm; needs "
+                        "checkpoint.resume=true so the restarted job resumes)")
+    g.add_argument("--socket-ifname", metavar="IFACE",
+                   help="NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on every node (slurm; e.g. ib0; default: "
+                        "unset, NCCL's own choice)")
     g.add_argument("--ray-port", type=int, default=6379, help="Ray head port inside the Slurm job")
     g.add_argument("--ray-wait-timeout", type=int, default=600, help="seconds to wait for all Ray nodes (slurm)")
 
@@ -91,7 +102,8 @@ def build_executor(args: argparse.Namespace) -> Any:
         job = executors.SlurmJob(
             args.account, args.partition, args.nodes, args.gpus_per_node, None if image == NO_IMAGE else image,
             time=args.time, container_mounts=tuple(args.mount), cpus_per_task=args.cpus_per_task,
-            job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user,
+            job_dir=args.job_dir, ssh_host=args.ssh_host, ssh_user=args.ssh_user, mem=args.mem or None,
+            requeue=args.requeue,
         )
         return executors.slurm_executor(job, env_vars=env, packager=args.packager)
     if image == NO_IMAGE:
@@ -101,15 +113,38 @@ def build_executor(args: argparse.Namespace) -> Any:
                                      packager=args.packager)
 
 
+def resumes(args: argparse.Namespace) -> bool:
+    """The job resumes from its checkpoints: ``checkpoint.resume`` of the resolved config, or (with
+    ``--no-validate``) a ``checkpoint.resume=true`` override."""
+    if not args.no_validate:
+        return load_config(args.preset, args.overrides).checkpoint.resume
+    values = [ov.split("=", 1)[1].strip().lower() for ov in args.overrides if ov.split("=", 1)[0] == "checkpoint.resume"]
+    return bool(values) and values[-1] == "true"
+
+
+def _check_slurm_flags(args: argparse.Namespace) -> None:
+    """ValueError for Slurm-only flags on another executor and for --requeue without resume."""
+    if args.executor != "slurm":
+        given = [flag for flag, on in (("--requeue", args.requeue), ("--socket-ifname", args.socket_ifname)) if on]
+        if given:
+            raise ValueError(f"{' and '.join(given)}: Slurm options (--executor slurm)")
+        return
+    if args.requeue and not resumes(args):
+        raise ValueError("--requeue needs checkpoint.resume=true: Slurm restarts a requeued job from the start, and "
+                         "without resume it would train from scratch (or be refused its own run folder)")
+
+
 def main(args: argparse.Namespace) -> int:
     if not args.no_validate:
         load_config(args.preset, args.overrides)  # ConfigError: `hacrl` reports it and exits 2
     try:
+        _check_slurm_flags(args)
         executor = build_executor(args)
     except (ValueError, ImportError) as err:
         print(f"hacrl launch: {err}", file=sys.stderr)
         return 2
-    ray_script = {"port": args.ray_port, "wait_timeout_s": args.ray_wait_timeout} if args.executor == "slurm" else {}
+    ray_script = {"port": args.ray_port, "wait_timeout_s": args.ray_wait_timeout,
+                  "socket_ifname": args.socket_ifname} if args.executor == "slurm" else {}
     try:
         result = launch_train(args.preset, args.overrides, executor, args.name, subcommand=args.job,
                               base_dir=args.base_dir, detach=args.detach, tail_logs=args.tail_logs,

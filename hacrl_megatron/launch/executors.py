@@ -63,7 +63,10 @@ class SlurmJob:
 
     account, partition, time: sbatch ``--account``, ``--partition``, ``--time`` (HH:MM:SS).
     nodes, gpus_per_node: sbatch ``--nodes`` and ``--gpus-per-node`` (None: CPU nodes).
-    container_image: pyxis/enroot image for ``srun --container-image`` (None: bare metal).
+    container_image: pyxis/enroot image for ``srun --container-image`` (None: bare metal): a
+        registry reference (``nvcr.io/acme/hacrl:0.1``), or a squashfs file every node reads from a
+        shared filesystem (an absolute path ending in ``.sqsh``, e.g. made by ``enroot import``; no
+        pull per node).
     container_mounts: ``src:dst`` mounts (data, checkpoints, HF models).
     cpus_per_task: CPUs Ray may use on each node (default: what Slurm gives one task; set it to the
         node's cores when not running ``exclusive``).
@@ -71,6 +74,11 @@ class SlurmJob:
         ``ssh_host``, default ``~/.nemo_run/experiments`` when launching on the login node.
     ssh_host, ssh_user: submit over SSH from another machine (``run.SSHTunnel``); default: this
         machine is the login node (``run.LocalTunnel``).
+    mem: sbatch ``--mem`` per node; ``"0"`` (default): all of each node's memory (Ray's object store
+        and the controller's host copies need it; a partition's default share can be a few GB).
+    requeue: sbatch ``--requeue`` (Slurm restarts the job after a node failure or preemption); off
+        (``--no-requeue``) by default, since a restarted job is a new run unless it resumes
+        (``hacrl launch --requeue`` needs ``checkpoint.resume=true``).
     """
 
     account: str
@@ -85,8 +93,11 @@ class SlurmJob:
     job_dir: str | None = None
     ssh_host: str | None = None
     ssh_user: str | None = None
+    mem: str | None = "0"
+    requeue: bool = False
 
     def __post_init__(self) -> None:
+        check_container_image(self.container_image)
         if self.nodes < 1:
             raise ValueError(f"nodes={self.nodes}: must be >= 1")
         if self.gpus_per_node is not None and self.gpus_per_node < 0:
@@ -96,10 +107,25 @@ class SlurmJob:
         object.__setattr__(self, "container_mounts", tuple(self.container_mounts))  # a list is accepted too
 
 
+def check_container_image(image: str | None) -> None:
+    """A squashfs image is a file path for pyxis: absolute (every node resolves it the same way) and
+    ending in ``.sqsh``; anything else not starting with ``/``, ``.`` or ``~`` is a registry reference."""
+    if image is None:
+        return
+    if image.startswith(("/", ".", "~")) or image.endswith(".sqsh"):
+        if not (image.startswith("/") and image.endswith(".sqsh") and len(image) > len("/.sqsh")):
+            raise ValueError(f"container_image={image!r}: a squashfs image must be an absolute path ending in .sqsh "
+                             "on the cluster's shared filesystem (e.g. /shared/images/hacrl.sqsh)")
+
+
 def slurm_executor(job: SlurmJob, *, env_vars: dict[str, str] | None = None, packager: str = "git",
                    **extra: Any) -> Any:
-    """The NeMo-Run ``SlurmExecutor`` for ``job`` (see :class:`SlurmJob`)."""
+    """The NeMo-Run ``SlurmExecutor`` for ``job`` (see :class:`SlurmJob`). ``#SBATCH --requeue`` or
+    ``--no-requeue`` follows ``job.requeue``; :func:`~hacrl_megatron.launch.recipes.launch_train`
+    makes the ``sbatch`` command line agree (NeMo-Run always passes ``--requeue`` there)."""
     run = require_nemo_run()
+    params = {**(extra.pop("additional_parameters", None) or {}),
+              **({"requeue": True} if job.requeue else {"no_requeue": True})}
     if job.ssh_host is not None:
         tunnel = run.SSHTunnel(host=job.ssh_host, user=job.ssh_user, job_dir=job.job_dir)
     else:
@@ -108,7 +134,8 @@ def slurm_executor(job: SlurmJob, *, env_vars: dict[str, str] | None = None, pac
         account=job.account, partition=job.partition, nodes=job.nodes, ntasks_per_node=1,
         gpus_per_node=job.gpus_per_node or None, cpus_per_task=job.cpus_per_task, exclusive=job.exclusive,
         time=job.time, container_image=job.container_image, container_mounts=list(job.container_mounts),
-        env_vars=_env(env_vars), tunnel=tunnel, packager=_packager(run, packager), **extra,
+        mem=job.mem, additional_parameters=params, env_vars=_env(env_vars), tunnel=tunnel,
+        packager=_packager(run, packager), **extra,
     )
 
 

@@ -11,13 +11,18 @@ and runs the command on the head node; elsewhere the command runs directly and R
 private Ray instance. NeMo-Run gotchas handled here (docs/measured.md §4):
 ``run.Script(path=...)`` would default to ``entrypoint="bash"``, so the command is a ``python -m``
 script; a failed job still lets ``exp.run`` return normally, so the task's final state is read
-back and a failure raises :class:`LaunchError` (``check=True``) naming the state and the log.
+back and a failure raises :class:`LaunchError` (``check=True``) naming the state and the log;
+NeMo-Run submits every Slurm job as ``sbatch --requeue`` (hard-coded in its scheduler), so the
+command line is made to agree with the job's own ``#SBATCH --requeue``/``--no-requeue``
+(:func:`_sbatch_requeue_agrees`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,7 +82,7 @@ def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *
     if ray_cluster is None:
         ray_cluster = isinstance(executor, run.SlurmExecutor)
     if ray_cluster:
-        if isinstance(executor, run.SlurmExecutor) and "head_gpus" not in ray_script:
+        if isinstance(executor, run.SlurmExecutor) and "head_gpu_ids" not in ray_script:
             ray_script = {**_slurm_placement(preset, overrides, executor), **ray_script}
         return run.Script(inline=ray_cluster_script(cmd, python=python, **ray_script), entrypoint="bash")
     # a python -m script: run.Script's default entrypoint is bash, which cannot run a module
@@ -85,7 +90,7 @@ def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *
 
 
 def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: Any) -> dict[str, Any]:
-    """``head_gpus`` and the placement header for a Slurm job of ``preset``
+    """``head_gpu_ids`` and the placement header for a Slurm job of ``preset``
     (:mod:`hacrl_megatron.launch.placement`); {} when the config cannot be read here."""
     from hacrl_megatron.config import ConfigError, load_config
     from hacrl_megatron.launch.placement import PlacementError, node_plan
@@ -100,7 +105,31 @@ def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: 
         plan = node_plan(cfg, int(executor.nodes), int(executor.gpus_per_node))
     except PlacementError as err:
         raise LaunchError(f"{executor.nodes} node(s) x {executor.gpus_per_node} GPUs: {err}") from None
-    return {"head_gpus": plan.head_ray_gpus, "placement": plan.describe()}
+    head = None if plan.head_gpu_ids is None else list(plan.head_gpu_ids)
+    return {"head_gpu_ids": head, "placement": plan.describe()}
+
+
+@contextlib.contextmanager
+def _sbatch_requeue_agrees() -> Iterator[None]:
+    """While it is open, every sbatch request NeMo-Run renders and submits carries ``--requeue`` on
+    its command line only when its executor asks for it (``#SBATCH --requeue``), else ``--no-requeue``:
+    NeMo-Run 0.11 hard-codes ``sbatch --requeue --parsable``, and the command line overrides the
+    script's ``#SBATCH`` lines. The request's command is fixed when it is rendered (``materialize``),
+    before it is written and submitted."""
+    from nemo_run.core.execution.slurm import SlurmBatchRequest
+
+    original = SlurmBatchRequest.materialize
+
+    def materialize(self: Any) -> str:
+        wanted = "--requeue" if (self.executor.additional_parameters or {}).get("requeue") else "--no-requeue"
+        self.launch_cmd = [wanted if arg in ("--requeue", "--no-requeue") else arg for arg in self.launch_cmd]
+        return original(self)
+
+    SlurmBatchRequest.materialize = materialize
+    try:
+        yield
+    finally:
+        SlurmBatchRequest.materialize = original
 
 
 def _state_name(state: Any) -> str:
@@ -128,7 +157,8 @@ def launch_train(preset: str | None, overrides: list[str] | None, executor: Any,
     task = build_task(preset, overrides, executor, subcommand=subcommand, ray_cluster=ray_cluster,
                       extra_args=extra_args, **ray_script)
     # exp._id / exp._exp_dir: NeMo-Run 0.11 has no public accessor for the id it prints and stores
-    with run.Experiment(name, base_dir=base_dir, log_level="WARN") as exp:
+    slurm = _sbatch_requeue_agrees() if isinstance(executor, run.SlurmExecutor) else contextlib.nullcontext()
+    with slurm, run.Experiment(name, base_dir=base_dir, log_level="WARN") as exp:
         exp.add(task, executor=executor, name=name)
         if dryrun:
             exp.dryrun(log=False, delete_exp_dir=False)

@@ -6,6 +6,14 @@ Node 0 starts the Ray head, waits until every node has joined, runs the command 
 places each agent's ranks anywhere in the job), stops Ray and exits with the command's status.
 The other nodes join, then poll the head and exit 0 once it is gone: Slurm's ``--wait`` and
 ``--kill-on-bad-exit`` then see exactly the head's result, so a failed training run fails the job.
+Every node offers all of its GPUs to Ray (rollout engines are Ray actors like the trainers' ranks),
+except that a one-node job can keep the GPUs its ``rollout_gpu_ids`` reserve out of Ray's hands.
+
+Ray's token authentication: ``$RAY_AUTH_TOKEN`` from the job's environment when set; otherwise the
+head generates a token before its port opens and writes it to ``ray_auth_token.<job id>.<restart
+count>`` in the job's folder (NeMo-Run's job directory, on the shared filesystem every node mounts)
+with mode 0600; each other node waits for the head's port, reads the file, and the head removes it
+when the command ends.
 
 This mirrors NeMo-Run's Ray-on-Slurm templates (``SlurmRay`` launcher, ``ray.sub.j2``) but needs no
 particular container layout and propagates the exit status (NeMo-Run's ``slurm_ray.sh.j2`` does
@@ -15,6 +23,7 @@ not). Helpers run as ``python -m hacrl_megatron.launch.slurm_ray ip|wait``.
 from __future__ import annotations
 
 import argparse
+import re
 import shlex
 import socket
 import sys
@@ -30,6 +39,8 @@ PORT=__PORT__
 TIMEOUT=__TIMEOUT__
 NNODES="${SLURM_NNODES:-1}"
 NODEID="${SLURM_NODEID:-0}"
+# the job's folder (this script is its scripts/<name>.sh): on the shared filesystem, seen by every node
+JOB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # $HACRL_RAY_START_ARGS: extra per-node `ray start` flags from the environment (word-split on purpose)
 # shellcheck disable=SC2206
 RAY_ARGS=(--disable-usage-stats __RAY_ARGS__ ${HACRL_RAY_START_ARGS:-})
@@ -39,14 +50,26 @@ export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"
 export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
 export TORCH_NCCL_ASYNC_ERROR_HANDLING="${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}"  # a hung collective fails the job
 export NCCL_IB_TIMEOUT="${NCCL_IB_TIMEOUT:-22}"  # InfiniBand retry timeout (4.096 us * 2^22 ~ 17 s)
-__PLACEMENT__# Ray >= 2.5x token authentication: on by default here; every node and the driver must hold the same
-# token: $RAY_AUTH_TOKEN (pass it with the job's env) or ~/.ray/auth_token on a shared home.
+__SOCKET__
+__PLACEMENT__# Ray >= 2.5x token authentication: on by default here; every node and the driver hold the same
+# token: $RAY_AUTH_TOKEN when the job's env sets it, else the head generates one and writes it,
+# readable by this user only (mode 0600), to a file in the job's folder that every node reads.
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
+TOKEN_FILE="${HACRL_RAY_TOKEN_FILE:-$JOB_DIR/ray_auth_token.${SLURM_JOB_ID:-local}.${SLURM_RESTART_COUNT:-0}}"
+WROTE_TOKEN=""
 RAY_PID=""
 # Only this script's own Ray node is stopped (SIGTERM to its `ray start --block`); `ray stop` would
 # kill every Ray process of the user on the node, other jobs' included.
 stop_ray() { if [ -n "$RAY_PID" ]; then kill -TERM "$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi; }
+forget_token() { if [ -n "$WROTE_TOKEN" ]; then rm -f "$TOKEN_FILE"; fi; }
 head_up() { (exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null; }
+# local GPU indices -> the ids of this task's CUDA_VISIBLE_DEVICES (Slurm may number them otherwise)
+visible_ids() {
+  local ids=() i
+  IFS=, read -r -a VISIBLE <<< "${CUDA_VISIBLE_DEVICES:-}"
+  for i in "$@"; do ids+=("${VISIBLE[$i]:-$i}"); done
+  (IFS=,; echo "${ids[*]}")
+}
 if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
   HEAD_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 else
@@ -56,20 +79,27 @@ if [ "$NODEID" = "0" ]; then
   HEAD_IP="${HACRL_RAY_HEAD_IP:-$("$PY" -m hacrl_megatron.launch.slurm_ray ip)}" || exit 1
   export RAY_ADDRESS="$HEAD_IP:$PORT"
   if [ "$RAY_AUTH_MODE" = "token" ] && [ -z "${RAY_AUTH_TOKEN:-}" ]; then
-    "${RAY[@]}" get-auth-token --generate >/dev/null || exit 1  # before the port opens: workers wait for it
+    # before the port opens: the workers wait for the head's port, then read the file
+    RAY_AUTH_TOKEN=$("$PY" -c 'import secrets; print(secrets.token_hex(32))') || exit 1
+    export RAY_AUTH_TOKEN
+    if ! (umask 077 && printf '%s\n' "$RAY_AUTH_TOKEN" > "$TOKEN_FILE.tmp" && mv -f "$TOKEN_FILE.tmp" "$TOKEN_FILE"); then
+      echo "[hacrl] cannot write the Ray auth token to $TOKEN_FILE" >&2; exit 1
+    fi
+    WROTE_TOKEN=1
   fi
   echo "[hacrl] starting the Ray head at $RAY_ADDRESS for $NNODES node(s)"
-  "${RAY[@]}" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" --include-dashboard=false \
-      "${RAY_ARGS[@]}" __HEAD_ARGS__&
+  __HEAD_GPUS__"${RAY[@]}" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" \
+      --include-dashboard=false "${RAY_ARGS[@]}" __HEAD_ARGS__&
   RAY_PID=$!
-  trap 'stop_ray; exit 143' TERM
+  trap 'stop_ray; forget_token; exit 143' TERM
   if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT"; then
-    stop_ray; exit 1
+    stop_ray; forget_token; exit 1
   fi
   __COMMAND__
   rc=$?
   echo "[hacrl] command exited with status $rc; stopping Ray"
   stop_ray
+  forget_token
   exit $rc
 else
   HEAD_IP="${HACRL_RAY_HEAD_IP:-$(getent hosts "$HEAD_HOST" | awk '{print $1; exit}')}"
@@ -80,6 +110,14 @@ else
     if [ "$SECONDS" -ge "$deadline" ]; then echo "[hacrl] no Ray head at $RAY_ADDRESS after ${TIMEOUT}s" >&2; exit 1; fi
     sleep 2
   done
+  if [ "$RAY_AUTH_MODE" = "token" ] && [ -z "${RAY_AUTH_TOKEN:-}" ]; then
+    until [ -s "$TOKEN_FILE" ]; do  # written before the head's port opened; a shared filesystem may lag
+      if [ "$SECONDS" -ge "$deadline" ]; then echo "[hacrl] no Ray auth token in $TOKEN_FILE after ${TIMEOUT}s" >&2; exit 1; fi
+      sleep 2
+    done
+    RAY_AUTH_TOKEN=$(cat "$TOKEN_FILE") || exit 1
+    export RAY_AUTH_TOKEN
+  fi
   "${RAY[@]}" start --block --address="$RAY_ADDRESS" "${RAY_ARGS[@]}" &
   RAY_PID=$!
   trap 'stop_ray; exit 0' TERM
@@ -90,17 +128,22 @@ else
   exit 0
 fi
 """
+# NCCL_SOCKET_IFNAME's syntax: interface names or prefixes, comma-separated, ^ to exclude, = for exact
+_IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
 
 
 def ray_cluster_script(command: list[str], *, python: str = "python", port: int = 6379, wait_timeout_s: int = 600,
-                       ray_start_args: list[str] | None = None, head_gpus: int | None = None,
-                       placement: list[str] | None = None) -> str:
+                       ray_start_args: list[str] | None = None, head_gpu_ids: list[int] | None = None,
+                       socket_ifname: str | None = None, placement: list[str] | None = None) -> str:
     """The bash script every node of the job runs (see module docstring).
 
     ``command`` runs on the head node once all ``$SLURM_NNODES`` nodes have joined;
     ``ray_start_args`` go to every ``ray start`` (e.g. ``--num-cpus=64``, ``--temp-dir=...``);
-    ``head_gpus``: GPUs the head node offers Ray (0 when its GPUs run the controller's SGLang
-    engines, :mod:`hacrl_megatron.launch.placement`); ``placement``: lines for the header.
+    ``head_gpu_ids``: the head node's local GPUs offered to Ray (None: all, as on every other
+    node; a one-node job lists the GPUs its ``rollout_gpu_ids`` leave to the trainers,
+    :mod:`hacrl_megatron.launch.placement`); ``socket_ifname``: exported as ``NCCL_SOCKET_IFNAME``
+    and ``GLOO_SOCKET_IFNAME`` on every node (None: NCCL's and gloo's own choice);
+    ``placement``: lines for the header.
     """
     if not command:
         raise ValueError("command must not be empty")
@@ -108,12 +151,26 @@ def ray_cluster_script(command: list[str], *, python: str = "python", port: int 
         raise ValueError(f"port={port}: must be a TCP port (1-65535)")
     if wait_timeout_s <= 0:
         raise ValueError(f"wait_timeout_s={wait_timeout_s}: must be > 0")
-    if head_gpus is not None and head_gpus < 0:
-        raise ValueError(f"head_gpus={head_gpus}: must be >= 0")
+    if head_gpu_ids is not None and (any(g < 0 for g in head_gpu_ids) or len(set(head_gpu_ids)) != len(head_gpu_ids)):
+        raise ValueError(f"head_gpu_ids={head_gpu_ids}: must be distinct local GPU indices >= 0")
+    if socket_ifname is not None and not _IFNAME.match(socket_ifname):
+        raise ValueError(f"socket_ifname={socket_ifname!r}: not a network interface list (e.g. ib0, eth, ^docker,lo)")
     lines = "".join(f"# placement: {line}\n" for line in placement or [])
+    socket = ("# the network interface of NCCL's and gloo's bootstrap and data sockets (--socket-ifname)\n"
+              f"export NCCL_SOCKET_IFNAME={shlex.quote(socket_ifname)}\n"
+              f"export GLOO_SOCKET_IFNAME={shlex.quote(socket_ifname)}" if socket_ifname else
+              "# NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME: unset (NCCL's and gloo's own choice; --socket-ifname)")
+    head_gpus = ""
+    head_args = ""
+    if head_gpu_ids is not None:
+        ids = " ".join(str(int(g)) for g in head_gpu_ids)
+        head_gpus = f'CUDA_VISIBLE_DEVICES="$(visible_ids {ids})" ' if head_gpu_ids else ""
+        head_args = f"--num-gpus={len(head_gpu_ids)} "
     fill = {
+        "__SOCKET__": socket,
         "__PLACEMENT__": lines,
-        "__HEAD_ARGS__": "" if head_gpus is None else f"--num-gpus={int(head_gpus)} ",
+        "__HEAD_GPUS__": head_gpus,
+        "__HEAD_ARGS__": head_args,
         "__PYTHON__": shlex.quote(python),
         "__PORT__": str(int(port)),
         "__TIMEOUT__": str(int(wait_timeout_s)),

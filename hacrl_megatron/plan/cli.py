@@ -70,7 +70,7 @@ def _cluster(args: argparse.Namespace, nodes: int, gpn: int) -> Any:
 def _experiment(args: argparse.Namespace) -> dict[str, Any]:
     from hacrl_megatron.config import ExperimentConfig, apply_override, from_dict, read_preset, validate
     from hacrl_megatron.plan.experiment import plan_experiment
-    from hacrl_megatron.plan.report import agent_dict, assumptions_dict
+    from hacrl_megatron.plan.report import agent_dict, assumptions_dict, placement_dict, step_fields
 
     for name in ("nodes", "gpus_per_node"):
         value = getattr(args, name)
@@ -83,13 +83,37 @@ def _experiment(args: argparse.Namespace) -> dict[str, Any]:
     cfg = validate(from_dict(ExperimentConfig, data))
     plan = plan_experiment(cfg, cluster, data)
     agents = [agent_dict(p, src.split(": ", 1)[1]) for p, src in zip(plan.agents, plan.sources)]
-    return {"mode": "experiment", "preset": args.preset, "agents": agents,
-            "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
-                        "gpu_memory_gib": cluster.gpu_memory_gib},
-            "rollout": None if plan.rollout is None else vars(plan.rollout),
-            "step_time_s": {k: round(v, 2) for k, v in plan.step.items()},
-            "assumptions": assumptions_dict(plan.assumptions, cluster), "notes": list(plan.notes),
-            "overrides": list(plan.overrides), "preset_yaml": plan.preset_yaml}
+    out = {"mode": "experiment", "preset": args.preset, "agents": agents,
+           "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
+                       "gpu_memory_gib": cluster.gpu_memory_gib},
+           "rollout": None if plan.rollout is None else vars(plan.rollout),
+           **step_fields(plan), "placement": placement_dict(plan),
+           "assumptions": assumptions_dict(plan.assumptions, cluster), "notes": list(plan.notes),
+           "overrides": list(plan.overrides), "preset_yaml": plan.preset_yaml}
+    if plan.rollout is not None and plan.placement.colocated:
+        out["overlap_plan"] = _overlap_plan(cfg, cluster, data)
+        out["step_time_one_step_off_s"] = out["step_time_async_s"] = out["overlap_plan"].get("step_time_s")
+    return out
+
+
+def _overlap_plan(cfg: Any, cluster: Any, data: dict) -> dict[str, Any]:
+    """Colocated engines cannot generate while their trainer trains: the best plan with engines on
+    GPUs of their own for ``train.rollout_mode: one_step_off`` / ``async`` (or why there is none)."""
+    from hacrl_megatron.plan.experiment import plan_experiment
+    from hacrl_megatron.plan.report import placement_dict, step_fields
+    from hacrl_megatron.plan.search import PlanError
+
+    try:
+        alt = plan_experiment(cfg, cluster, data, colocate=False, objective="one_step_off")
+    except PlanError as err:
+        return {"step_time_s": None, "why": str(err)}
+    fields = step_fields(alt)
+    return {"step_time_s": fields["step_time_one_step_off_s"], "synchronous_step_time_s": fields["step_time_s"],
+            "step_stages_s": fields["step_stages_s"], "placement": placement_dict(alt),
+            "layouts": [{"name": p.name, "tp": p.layout.tp, "pp": p.layout.pp, "dp": p.layout.dp,
+                         "recompute": p.layout.recompute, "trainer_gpus": p.trainer_gpus,
+                         "engine_gpus": p.engine_gpus} for p in alt.agents],
+            "overrides": list(alt.overrides)}
 
 
 def _model(args: argparse.Namespace) -> dict[str, Any]:

@@ -8,6 +8,8 @@ validated with :func:`hacrl_megatron.config.load_config`'s rules before they are
 from __future__ import annotations
 
 import copy
+import functools
+import itertools
 import os
 from dataclasses import dataclass
 
@@ -21,9 +23,18 @@ from hacrl_megatron.config import (
     from_dict,
     validate,
 )
+from hacrl_megatron.launch.placement import (
+    Engine,
+    Span,
+    engine_slots,
+    free_gpus,
+    place_engines,
+    place_trainers,
+    split_engines,
+)
 from hacrl_megatron.models.provider import ArchSpec, UnsupportedModelError
 from hacrl_megatron.plan.known_models import KNOWN_CONFIGS
-from hacrl_megatron.plan.memory import Workload
+from hacrl_megatron.plan.memory import ENGINE_RUNTIME_GIB, GIB, Workload, engine_memory
 from hacrl_megatron.plan.params import arch_from_config
 from hacrl_megatron.plan.search import (
     HACRL_COLOCATION,
@@ -38,7 +49,17 @@ from hacrl_megatron.plan.search import (
     rollout_choices,
     shortfall,
 )
-from hacrl_megatron.plan.timing import Assumptions, Tokens
+from hacrl_megatron.plan.timing import (
+    SCHEDULE,
+    Assumptions,
+    Tokens,
+    overlapped_step_seconds,
+    sequential_step_seconds,
+    step_seconds,
+    verify_seconds,
+)
+
+MODES = ("sync", "one_step_off", "async")  # train.rollout_mode
 
 
 @dataclass(frozen=True)
@@ -49,12 +70,13 @@ class ExperimentPlan:
     rollout: Rollout | None
     cluster: Cluster
     assumptions: Assumptions
-    step: dict  # rollout_s, train_s, sync_s, total_s (+ GSPO×2 rollout for comparison)
+    step: dict  # each stage's time, total_s, sequential_s, one_step_off_s, async_s, GSPO×2 (:func:`_step`)
     overrides: tuple[str, ...]
     preset_yaml: str
     sources: tuple[str, ...]  # where each agent's architecture came from
     notes: tuple[str, ...]
     placement: Placement
+    objective: str = "sync"  # the rollout mode whose step the search minimised
 
 
 def agent_spec(agent: AgentConfig) -> tuple[ArchSpec, str]:
@@ -105,71 +127,171 @@ def agent_works(cfg: ExperimentConfig) -> tuple[list[AgentWork], list[str]]:
 
 @dataclass(frozen=True)
 class Placement:
-    """GPUs of every agent: its trainer's count and its engines' GPU ids on the controller's node."""
+    """Every agent's trainer GPUs (count and spans) and its engines (:mod:`hacrl_megatron.launch.placement`);
+    colocated engines share the trainer's GPUs and have no GPUs of their own."""
 
     trainer_gpus: tuple[int, ...]
-    engine_gpus: tuple[int, ...]
-    engine_first_id: tuple[int, ...]  # first engine GPU id on the controller's node, per agent
-    trainer_first_node: tuple[int, ...]
+    trainers: tuple[tuple[Span, ...], ...]
+    engines: tuple[tuple[Engine, ...], ...]
+    colocated: bool
+
+    def engine_gpus(self, i: int) -> int:
+        return sum(e.gpus for e in self.engines[i])
 
 
-def placement(costs: list[float], cluster: Cluster) -> Placement:
-    """Where each agent runs. Our SGLang servers are subprocesses of the controller (``hacrl
-    train`` on the first node, reached at 127.0.0.1), so engines live on that node: one node →
-    colocated engines on each agent's own GPUs; several nodes → the first node holds every
-    agent's engines (split in proportion to cost) and the trainers share the other nodes."""
-    n = len(costs)
+def _one_node(costs: list[float], cluster: Cluster, colocated: bool, engine_tp: int = 1) -> list[Placement]:
+    """One node: power-of-two GPU shares in proportion to cost. The engines colocate; or (separate)
+    each agent's share is its trainer's GPUs, then its engines' (every split in whole engines, every
+    combination over the agents: a stage waits for the slowest agent)."""
+    gpus = partition(costs, cluster)
+    starts = [sum(gpus[:i]) for i in range(len(gpus))]
+    if colocated:
+        trainers = tuple(((0, s, g),) for s, g in zip(starts, gpus))
+        return [Placement(tuple(gpus), trainers, ((),) * len(gpus), True)]
+    splits = [[e for e in range(engine_tp, g, engine_tp)] for g in gpus]
+    out = []
+    for engines in itertools.product(*splits):
+        trainer = tuple(g - e for g, e in zip(gpus, engines))
+        spans = tuple(((0, s, t),) for s, t in zip(starts, trainer))
+        eng = tuple(tuple(Engine(0, s + t + k * engine_tp, engine_tp) for k in range(e // engine_tp))
+                    for s, t, e in zip(starts, trainer, engines))
+        out.append(Placement(trainer, spans, eng, False))
+    return out
+
+
+def rollout_costs(works: list[AgentWork], a: Assumptions) -> list[float]:
+    """Each agent's decode FLOPs per step: its ``B·G`` sequences' tokens × ``2·N`` per token (decode
+    reads every weight once per token: the same proportions as its weight bytes)."""
+    return [w.tokens.prompts * w.tokens.samples * w.tokens.mean_seq(a) * 2 * w.spec.num_parameters() for w in works]
+
+
+def multi_node_placements(works: list[AgentWork], cluster: Cluster, engine_tp: int,
+                          a: Assumptions = Assumptions()) -> list[Placement]:
+    """The candidate placements on several nodes: for each count ``E`` of nodes left to engines, the
+    trainers split the other nodes by training cost (:func:`~.search.partition`), and every free GPU
+    holds engines, split between the agents by rollout cost in whole ``engine_tp`` engines."""
+    train, decode = [w.spec.num_parameters() for w in works], rollout_costs(works, a)
+    n, g = cluster.nodes, cluster.gpus_per_node
+    out: dict[tuple, Placement] = {}
+    for engine_nodes in range(n):
+        try:
+            gpus = partition(train, Cluster(n - engine_nodes, g, cluster.gpu_memory_gib, cluster.gpu))
+        except PlanError:
+            continue
+        trainers = place_trainers(gpus, n, g)
+        slots = engine_slots(free_gpus(trainers, n, g), engine_tp)
+        if slots < len(works):
+            continue
+        engines = place_engines(split_engines(decode, slots), engine_tp, trainers, n, g)
+        out.setdefault((tuple(gpus), tuple(map(len, engines))),
+                       Placement(tuple(gpus), tuple(trainers), tuple(engines), False))
+    return list(out.values())
+
+
+def _placements(works: list[AgentWork], cluster: Cluster, choice: Rollout | None,
+                a: Assumptions) -> list[Placement]:
+    costs = [w.spec.num_parameters() for w in works]
+    if choice is None:  # in-process engines: the trainers share the whole cluster
+        return _one_node(costs, cluster, True) if cluster.nodes == 1 else [_whole(costs, cluster)]
     if cluster.nodes == 1:
-        gpus = partition(costs, cluster)
-        first = [sum(gpus[:i]) for i in range(n)]
-        return Placement(tuple(gpus), tuple(gpus), tuple(first), (0,) * n)
-    engine_node = Cluster(1, cluster.gpus_per_node, cluster.gpu_memory_gib, cluster.gpu)
-    engines = partition(costs, engine_node)
-    trainers = partition(costs, Cluster(cluster.nodes - 1, cluster.gpus_per_node, cluster.gpu_memory_gib, cluster.gpu))
-    first_node = [1 + sum(trainers[:i]) // cluster.gpus_per_node for i in range(n)]
-    return Placement(tuple(trainers), tuple(engines), tuple(sum(engines[:i]) for i in range(n)), tuple(first_node))
+        return _one_node(costs, cluster, choice.colocation != "separate", choice.engine_tp)
+    return multi_node_placements(works, cluster, choice.engine_tp, a)
 
 
-def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict,
-                    assumptions: Assumptions = Assumptions()) -> ExperimentPlan:
-    """Search every agent's layout at once (module docstring of :mod:`.search`) within
-    :func:`placement`; raises :class:`PlanError` naming the agent (or the cluster) when nothing fits."""
+def _whole(costs: list[float], cluster: Cluster) -> Placement:
+    gpus = partition(costs, cluster)
+    trainers = place_trainers(gpus, cluster.nodes, cluster.gpus_per_node)
+    return Placement(tuple(gpus), tuple(trainers), ((),) * len(gpus), True)
+
+
+@functools.lru_cache(maxsize=4096)
+def _best_cached(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, assumptions: Assumptions,
+                 engine_gpus: int | None) -> tuple[AgentPlan | None, AgentPlan | None]:
+    return _best(a, gpus, cluster, choice, assumptions, engine_gpus)
+
+
+def _engine_limit(works: list[AgentWork], cluster: Cluster, choices: list[Rollout]) -> None:
+    """Refuse up front when an agent's engine fits at no TP within a node (an engine never spans
+    nodes), naming the limit: its bf16 weights per GPU at the largest TP against the engine's share."""
+    for w in works:
+        fitting = [c for c in choices if w.spec.num_heads % c.engine_tp == 0 and
+                   engine_memory(w.spec, c.engine_tp, c.fraction, cluster.gpu_memory_gib).kv_tokens
+                   >= w.tokens.prompt_len + w.tokens.max_response_len]
+        if fitting or not choices:
+            continue
+        c = max(choices, key=lambda c: (c.engine_tp, c.fraction))
+        e = engine_memory(w.spec, c.engine_tp, c.fraction, cluster.gpu_memory_gib)
+        context = w.tokens.prompt_len + w.tokens.max_response_len
+        over = (f"more than a GPU's {cluster.gpu_memory_gib:g} GiB" if e.weights > cluster.gpu_memory_gib * GIB else
+                f"which with {ENGINE_RUNTIME_GIB:g} GiB of runtime and the KV cache of one {context}-token sequence "
+                f"exceeds an engine's share of {e.share / GIB:.1f} GiB ({c.fraction:g} x {cluster.gpu_memory_gib:g})")
+        raise PlanError(f"agent {w.name!r}: no rollout engine fits on one node: {w.spec.num_parameters() * 2 / GIB:.0f} "
+                        f"GiB of bf16 weights are {e.weights / GIB:.1f} GiB per GPU at TP{c.engine_tp}, the largest "
+                        f"engine TP on a {cluster.gpus_per_node}-GPU node, {over}; an engine never spans nodes")
+
+
+def _objective(cfg: ExperimentConfig) -> str:
+    """``sync``, or the overlapping ``train.rollout_mode`` the config runs (``one_step_off``, ``async``)."""
+    return getattr(cfg.train, "rollout_mode", "sync") or "sync"
+
+
+def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assumptions: Assumptions = Assumptions(),
+                    *, colocate: bool | None = None, objective: str | None = None) -> ExperimentPlan:
+    """Search every agent's layout at once (module docstring of :mod:`.search`) over the candidate
+    placements, keeping the shortest step of ``objective`` (``sync``: :func:`~.timing.step_seconds`;
+    ``one_step_off``/``async``: :func:`~.timing.overlapped_step_seconds`; default: the config's
+    rollout mode). ``colocate``: engines on the trainers' GPUs (default: on one node when the mode
+    is ``sync``; never on several nodes). Raises :class:`PlanError` naming the agent (or the
+    cluster) when nothing fits."""
+    objective = objective or _objective(cfg)
+    if objective not in MODES:
+        raise PlanError(f"train.rollout_mode={objective!r}: must be one of {list(MODES)}")
     works, sources = agent_works(cfg)
-    colocation = HACRL_COLOCATION if cluster.nodes == 1 else "separate"
-    place = placement([w.spec.num_parameters() for w in works], cluster)
+    if colocate is None:
+        colocate = cluster.nodes == 1 and objective == "sync"
+    if colocate and cluster.nodes > 1:
+        raise PlanError(f"cluster: {cluster.nodes} nodes: engines colocate only on one node (rollout.colocate)")
+    colocation = HACRL_COLOCATION if colocate else "separate"
     sglang = cfg.rollout.engine == "sglang"
     choices = rollout_choices(cluster, [w.spec for w in works], colocation, "auto") if sglang else [None]
-    best, closest = None, [None] * len(works)
-    fit_any = [False] * len(works)
+    if sglang:
+        _engine_limit(works, cluster, choices)
+    verify_s = verify_seconds(works[0].tokens, cfg.train.verifier_workers, assumptions)
+    best, closest, fit_any = None, [None] * len(works), [False] * len(works)
+    trainer_gpus = None
     for choice in choices:
-        plans = []
-        for i, a in enumerate(works):
-            engine_gpus = place.engine_gpus[i] if colocation == "separate" else None
-            p, near = _best(a, place.trainer_gpus[i], cluster, choice, assumptions, engine_gpus)
-            fit_any[i] |= p is not None
-            if near is not None and (closest[i] is None
-                                     or shortfall(near, cluster) < shortfall(closest[i], cluster)):
-                closest[i] = near
-            plans.append(p)
-        if all(plans):
-            step = _step(plans)
-            if best is None or step["total_s"] < best[2]["total_s"]:
-                best = (choice, plans, step)
+        for place in _placements(works, cluster, choice, assumptions):
+            trainer_gpus = trainer_gpus or place.trainer_gpus
+            plans = []
+            for i, a in enumerate(works):
+                engine_gpus = None if place.colocated else place.engine_gpus(i)
+                p, near = _best_cached(a, place.trainer_gpus[i], cluster, choice, assumptions, engine_gpus)
+                fit_any[i] |= p is not None
+                if near is not None and (closest[i] is None
+                                         or shortfall(near, cluster) < shortfall(closest[i], cluster)):
+                    closest[i] = near
+                plans.append(p)
+            if all(plans):
+                stages = step_seconds([p.times for p in plans], verify_s)
+                key = stages["total_s"] if objective == "sync" else overlapped_step_seconds(stages)
+                if best is None or key < best[0]:
+                    best = (key, choice, place, plans)
     if best is None:
         for i, a in enumerate(works):
             if not fit_any[i]:
-                raise PlanError(_no_fit(a, place.trainer_gpus[i], cluster, closest[i]))
+                raise PlanError(_no_fit(a, (trainer_gpus or (0,) * len(works))[i], cluster, closest[i]))
         raise PlanError("cluster: every agent fits alone, but no engine TP / memory fraction fits all agents at once "
                         "(the config holds one rollout.sglang.tp and rollout.sglang.mem_fraction)")
-    choice, plans, step = best
-    overrides = _overrides(cfg, plans, choice, place)
-    notes = []
-    if cluster.nodes > 1 and sglang:
-        notes.append(f"engines run on the first node (the controller's), trainers on nodes 1-{cluster.nodes - 1}; "
-                     "hacrl launch --executor slurm withholds the first node's GPUs from Ray when --nodes > 1")
+    _, choice, place, plans = best
+    step = _step(plans, verify_s, overlapping=choice is not None and not place.colocated)
+    overrides = _overrides(cfg, plans, choice, place, cluster)
+    notes = [f"schedule: {SCHEDULE}"]
+    if choice is not None and cluster.nodes > 1:
+        notes.append("engines are Ray actors on the GPUs listed per agent; every node, the controller's (node 0) "
+                     "included, offers all of its GPUs to Ray")
     text = _preset_yaml(preset, overrides)
     return ExperimentPlan(tuple(plans), choice, cluster, assumptions, step, tuple(overrides), text, tuple(sources),
-                          tuple(notes), place)
+                          tuple(notes), place, objective)
 
 
 def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, assumptions: Assumptions,
@@ -184,11 +306,18 @@ def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, ass
     return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: shortfall(p, cluster)) if cands else None)
 
 
-def _step(plans: list[AgentPlan]) -> dict:
-    step = {k: max(p.times.get(k, 0.0) for p in plans) for k in ("rollout_s", "train_s", "sync_s", "gspo_x2_rollout_s")}
-    step["total_s"] = step["rollout_s"] + step["train_s"] + step["sync_s"]
-    step["gspo_x2_total_s"] = step["gspo_x2_rollout_s"] + step["train_s"] + step["sync_s"]
-    step["hacpo_rollout_saving_s"] = step["gspo_x2_rollout_s"] - step["rollout_s"]
+def _step(plans: list[AgentPlan], verify_s: float, overlapping: bool) -> dict:
+    """The step under the loop's schedule: its stages, ``total_s``, the previous loop's
+    ``sequential_s``, the overlapped ``one_step_off_s`` / ``async_s`` (None when the engines share
+    the trainers' GPUs and so cannot generate while they train) and the GSPO×2 comparison."""
+    times = [p.times for p in plans]
+    step = step_seconds(times, verify_s)
+    step["sequential_s"] = sequential_step_seconds(times, verify_s)
+    overlapped = overlapped_step_seconds(step) if overlapping else None
+    step["one_step_off_s"] = step["async_s"] = overlapped
+    gspo = step_seconds([{**t, "rollout_s": t.get("gspo_x2_rollout_s", 0.0)} for t in times], verify_s)
+    step["gspo_x2_rollout_s"], step["gspo_x2_total_s"] = gspo["rollout_s"], gspo["total_s"]
+    step["hacpo_rollout_saving_s"] = gspo["rollout_s"] - step["rollout_s"]
     return step
 
 
@@ -202,8 +331,10 @@ def _no_fit(a: AgentWork, gpus: int, cluster: Cluster, near: AgentPlan | None) -
             f"dp={lay.dp} recompute={lay.recompute}: {why}")
 
 
-def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | None, place: Placement) -> list[str]:
-    """Dotted overrides that turn ``cfg`` into the plan (engine GPU ids on the controller's node)."""
+def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | None, place: Placement,
+               cluster: Cluster) -> list[str]:
+    """Dotted overrides that turn ``cfg`` into the plan. Engine GPUs (``rollout_gpu_ids``): on one
+    node local ids; on several, job-wide indices ``node · gpus_per_node + local id``."""
     out = []
     for i, (agent, p) in enumerate(zip(cfg.agents, plans)):
         lay = p.layout
@@ -215,8 +346,11 @@ def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | 
         if agent.workers == "local" and lay.gpus > 1:
             out.append(f"agents.{i}.workers=auto")
         if choice is not None:
-            first = place.engine_first_id[i]
-            ids = range(first, first + p.engines * choice.engine_tp)
+            if place.colocated:
+                first = place.trainers[i][0][1]
+                ids = list(range(first, first + p.engines * choice.engine_tp))
+            else:
+                ids = [g for e in place.engines[i] for g in e.job_ids(cluster.gpus_per_node)]
             out.append(f"agents.{i}.rollout_gpu_ids=[{', '.join(map(str, ids))}]")
     if choice is not None:
         out += [f"rollout.sglang.tp={choice.engine_tp}", f"rollout.sglang.mem_fraction={choice.fraction:g}",

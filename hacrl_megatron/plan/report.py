@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.plan.memory import (
     ENGINE_RESIDUAL_GIB,
@@ -14,7 +14,10 @@ from hacrl_megatron.plan.memory import (
 )
 from hacrl_megatron.plan.params import rank_params
 from hacrl_megatron.plan.search import AgentPlan, Cluster
-from hacrl_megatron.plan.timing import Assumptions
+from hacrl_megatron.plan.timing import SCHEDULE, STAGES, Assumptions
+
+if TYPE_CHECKING:
+    from hacrl_megatron.plan.experiment import ExperimentPlan
 
 ACCOUNTING = (
     "model state per parameter (Megatron mixed precision + Adam): bf16 weights 2 B, fp32 main grads 4 B "
@@ -40,6 +43,41 @@ ACCOUNTING = (
 )
 VOCAB_RULE = ("vocabulary padded to a multiple of tp (the provider's make_vocab_size_divisible_by = 1 rule); "
               "padded rows are held by the embedding and the output layer")
+
+
+OVERLAP_RULE = ("train.rollout_mode one_step_off: the rollout of step t+1 runs while step t verifies, computes "
+                "pi_old, trains and syncs, so a steady-state step is max(rollout, verify + pi_old + train + sync); "
+                "async with any max_staleness K >= 1 has the same bound (rollout produces one step's batch per "
+                "rollout time, training consumes one per rest-of-step time); colocated engines cannot overlap "
+                "(they hand their GPUs to the trainer), so the overlapped figure comes from a plan with engines "
+                "on GPUs of their own")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 2)
+
+
+def step_fields(plan: ExperimentPlan) -> dict[str, Any]:
+    """The step-time keys of ``hacrl plan --json`` (seconds): ``step_time_s`` (the loop's schedule,
+    synchronous rollout), ``step_time_sequential_s`` (the previous loop: agents one after another
+    outside training), ``step_time_one_step_off_s`` / ``step_time_async_s`` (rollout overlapped;
+    None when this plan's engines are colocated), ``step_stages_s`` (each stage's slowest agent)."""
+    s = plan.step
+    return {"step_time_s": _r(s["total_s"]), "step_time_sequential_s": _r(s["sequential_s"]),
+            "step_time_one_step_off_s": _r(s["one_step_off_s"]), "step_time_async_s": _r(s["async_s"]),
+            "step_stages_s": {k: _r(s[k]) for k in STAGES},
+            "step_gspo_x2_s": {"rollout_s": _r(s["gspo_x2_rollout_s"]), "total_s": _r(s["gspo_x2_total_s"]),
+                               "hacpo_rollout_saving_s": _r(s["hacpo_rollout_saving_s"])},
+            "step_schedule": SCHEDULE, "step_overlap_rule": OVERLAP_RULE, "step_objective": plan.objective}
+
+
+def placement_dict(plan: ExperimentPlan) -> dict[str, Any]:
+    """Where every agent's trainer ranks and engines go: (node, first local GPU, GPUs) spans."""
+    pl = plan.placement
+    return {"colocated": pl.colocated, "agents": [
+        {"name": p.name, "trainer": [{"node": n, "first_gpu": f, "gpus": c} for n, f, c in spans],
+         "engines": [{"node": e.node, "first_gpu": e.first, "gpus": e.gpus} for e in engines]}
+        for p, spans, engines in zip(plan.agents, pl.trainers, pl.engines)]}
 
 
 def _gib(x: float) -> float:
@@ -136,10 +174,7 @@ def render_text(obj: dict[str, Any]) -> str:
                                                    for k, v in t.items()))
         lines += [f"  NOT FITTING: {r}" for r in a["reasons"]]
     if obj.get("step_time_s"):
-        s = obj["step_time_s"]
-        lines += ["", f"step estimate: {s['total_s']:.1f} s = rollout {s['rollout_s']:.1f} + train {s['train_s']:.1f}"
-                      f" + sync {s['sync_s']:.1f}; GSPOx2 would roll out {s['gspo_x2_rollout_s']:.1f} s "
-                      f"(HACPO saves {s['hacpo_rollout_saving_s']:.1f} s per step)"]
+        lines += [""] + _step_lines(obj)
     lines += ["", "assumptions:"] + [f"  - {x}" for x in obj["assumptions"]["memory"]]
     lines.append(f"  - {obj['assumptions']['vocab_padding']}")
     lines.append("  - time: " + ", ".join(f"{k}={v}" for k, v in obj["assumptions"]["time"].items()))
@@ -151,3 +186,27 @@ def render_text(obj: dict[str, Any]) -> str:
     if obj.get("overrides"):
         lines += ["", "overrides (hacrl train / hacrl launch accept them as they are):", "  " + " ".join(obj["overrides"])]
     return "\n".join(lines)
+
+
+def _step_lines(obj: dict[str, Any]) -> list[str]:
+    st, g = obj["step_stages_s"], obj["step_gspo_x2_s"]
+    lines = [f"step estimate: {obj['step_time_s']:.1f} s = rollout {st['rollout_s']:.1f} + verify {st['verify_s']:.1f}"
+             f" + pi_old {st['old_logprob_s']:.1f} + train {st['train_s']:.1f} + sync {st['sync_s']:.1f} (every "
+             "stage for all agents at once, each its slowest agent's time)",
+             f"  previous loop (rollout, pi_old and sync one agent after another): "
+             f"{obj['step_time_sequential_s']:.1f} s"]
+    off = obj.get("step_time_one_step_off_s")
+    if off is not None:
+        where = " with engines on GPUs of their own (overlap_plan)" if "overlap_plan" in obj else ""
+        lines.append(f"  rollout overlapped (train.rollout_mode one_step_off / async): {off:.1f} s per step{where}")
+    elif "overlap_plan" in obj:
+        lines.append(f"  rollout overlapped: no plan with separate engines fits ({obj['overlap_plan']['why']})")
+    lines.append(f"  GSPOx2 would roll out {g['rollout_s']:.1f} s (step {g['total_s']:.1f} s; HACPO saves "
+                 f"{g['hacpo_rollout_saving_s']:.1f} s per step)")
+    for a in obj.get("placement", {}).get("agents", []):
+        train = ", ".join(f"node {t['node']} GPUs {t['first_gpu']}-{t['first_gpu'] + t['gpus'] - 1}"
+                          for t in a["trainer"])
+        eng = ", ".join(f"node {e['node']} GPUs {e['first_gpu']}-{e['first_gpu'] + e['gpus'] - 1}"
+                        for e in a["engines"]) or "colocated"
+        lines.append(f"  {a['name']}: trainer on {train}; engines: {eng}")
+    return lines

@@ -102,8 +102,9 @@ class AgentPlan:
 
     @property
     def seconds(self) -> float:
+        """This agent's own step (rollout, π_old, train, sync), the search's ranking key."""
         t = self.times
-        return t.get("rollout_s", 0.0) + t.get("train_s", 0.0) + t.get("sync_s", 0.0)
+        return sum(t.get(k, 0.0) for k in ("rollout_s", "old_logprob_s", "train_s", "sync_s"))
 
 
 @functools.lru_cache(maxsize=65536)

@@ -11,7 +11,16 @@ First-order models, every constant in :class:`Assumptions` and printed with the 
   per token, whichever is slower); continuous batching keeps as many sequences decoding as the KV
   cache holds at full length, and the longest response is the floor on the number of steps;
   prefill at ``2·N`` per prompt token;
+* verify: every response scored once by the shared verifier pool at a stated cost per response,
+  spread over its worker processes;
 * weight sync: the bf16 HF weights once per step over the transport's link at a stated efficiency.
+
+The step is the schedule the loop runs (:func:`step_seconds`): the stages rollout → verify → π_old
+→ train → sync run one after another, each for every agent at once, so each stage takes its
+slowest agent's time. :func:`sequential_step_seconds` is the previous loop's schedule (rollout,
+π_old and sync one agent after another, training concurrent), kept for comparison;
+:func:`overlapped_step_seconds` is the steady-state step when rollout overlaps the rest
+(``train.rollout_mode: one_step_off`` or ``async``).
 
 HACPO shares every response with every agent, so each agent samples ``G`` responses per prompt;
 the resource-equivalent GSPO×2 baseline samples ``2G`` per agent (Zhang et al., arXiv 2603.02604,
@@ -39,6 +48,8 @@ class Assumptions:
     disk_gbps: float = 2.0  # shared-filesystem write (and read) bandwidth for disk sync
     mean_response_fraction: float = 0.5  # mean response length / max_response_len (time only;
     # memory always uses the maximum, micro-batches are padded)
+    verify_ms_per_response: float = 10.0  # one verifier check (math-verify: 1-230 ms measured; the
+    # string normaliser well under 1 ms), per worker process
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -65,28 +76,30 @@ class Tokens:
 
 
 def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assumptions) -> dict[str, float]:
-    """Seconds of log-prob + training per step, split into compute (with the pipeline bubble),
-    tensor-parallel communication and the data-parallel gradient reduction (neither overlapped:
-    an upper bound), and the bubble fraction."""
+    """Seconds per step of the π_old log-prob pass (``old_logprob_s``: one forward over the trained
+    sequences) and of training (``train_s``: forward, backward and, with full recompute, one more
+    forward; with its components ``train_compute_s``, ``tp_comm_s``, ``dp_comm_s``), and the 1F1B
+    bubble fraction. Tensor-parallel exchanges and the data-parallel gradient reduction are not
+    overlapped with compute (an upper bound); both passes pay the same pipeline bubble."""
     n = spec.num_parameters()
     tokens = tok.trained_sequences * tok.mean_seq(a)
-    flops_per_token = 6 * n + 2 * n + (2 * n if layout.recompute == "full" else 0)
+    old_flops, train_flops = 2 * n, 6 * n + (2 * n if layout.recompute == "full" else 0)
     m = max(1, tok.trained_sequences // (tok.updates * layout.dp * tok.micro_batch))
     bubble = (layout.pp - 1) / (m + layout.pp - 1)
-    compute = flops_per_token * tokens / (layout.gpus * gpu.bf16_tflops * 1e12 * a.train_mfu) / (1 - bubble)
+    per_flop = tokens / (layout.gpus * gpu.bf16_tflops * 1e12 * a.train_mfu) / (1 - bubble)
     # TP: 2 all-reduce-sized exchanges (attention and MLP outputs) per layer in each forward
     # (log-prob pass, training forward, recompute) and in backward; 2·h bytes per token each,
     # ring factor 2(t-1)/t, over NVLink; every DP replica moves its own tokens
-    passes = 2 + 2 + (2 if layout.recompute == "full" else 0) + 2
-    tp_bytes = tokens / layout.dp * spec.num_layers / layout.pp * passes * 2 * spec.hidden_size
-    tp_bytes *= 2 * (layout.tp - 1) / layout.tp
-    tp_comm = tp_bytes / (gpu.nvlink_gbps * 1e9 * a.link_efficiency)
+    old_passes, train_passes = 2, 2 + (2 if layout.recompute == "full" else 0) + 2
+    per_pass = tokens / layout.dp * spec.num_layers / layout.pp * 2 * spec.hidden_size
+    per_pass *= 2 * (layout.tp - 1) / layout.tp / (gpu.nvlink_gbps * 1e9 * a.link_efficiency)
     # DP: reduce-scatter + all-gather of the fp32 gradients once per update (ring 2(d-1)/d)
     per_gpu = n / (layout.tp * layout.pp)
     link = gpu.nvlink_gbps if layout.gpus <= 8 else gpu.network_gbps
     dp_comm = tok.updates * per_gpu * 4 * 2 * (layout.dp - 1) / layout.dp / (link * 1e9 * a.link_efficiency)
-    return {"train_s": compute + tp_comm + dp_comm, "train_compute_s": compute, "tp_comm_s": tp_comm,
-            "dp_comm_s": dp_comm, "pipeline_bubble": bubble}
+    compute, tp_comm = train_flops * per_flop, train_passes * per_pass
+    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass, "train_s": compute + tp_comm + dp_comm,
+            "train_compute_s": compute, "tp_comm_s": tp_comm, "dp_comm_s": dp_comm, "pipeline_bubble": bubble}
 
 
 def rollout_seconds(spec: ArchSpec, eng: EngineMemory, engines: int, gpu: GPU, sequences: int, tok: Tokens,
@@ -121,3 +134,44 @@ def sync_seconds(spec: ArchSpec, transport: str, gpu: GPU, a: Assumptions) -> fl
     if transport == "disk":
         return 2 * nbytes / (a.disk_gbps * 1e9)
     raise ValueError(f"weight sync transport {transport!r}: must be tensor, distributed or disk")
+
+
+def verify_seconds(tok: Tokens, workers: int, a: Assumptions) -> float:
+    """The shared verifier scores each of the step's ``n·B·G`` responses once, ``workers`` processes
+    at a time (0 workers: in the controller, one at a time)."""
+    return tok.trained_sequences * a.verify_ms_per_response / 1e3 / max(1, workers)
+
+
+# per-agent stages in the order the loop runs them; verify is one pool for all agents
+STAGES = ("rollout_s", "verify_s", "old_logprob_s", "train_s", "sync_s")
+SCHEDULE = ("rollout -> verify -> pi_old -> train -> sync, each stage for all agents at once: "
+            "step = sum over stages of the slowest agent's stage time")
+
+
+def step_seconds(agents: list[dict[str, float]], verify_s: float) -> dict[str, float]:
+    """The step of the loop's schedule: each stage runs for every agent at once and waits for the
+    slowest, the stages run one after another, so ``step = Σ_stage max_agent t(agent, stage)``.
+    ``agents``: each agent's stage times (missing stages count 0); returns each stage's time
+    (its slowest agent) and ``total_s``."""
+    out = {k: max(t.get(k, 0.0) for t in agents) for k in STAGES if k != "verify_s"}
+    out["verify_s"] = verify_s
+    out = {k: out[k] for k in STAGES}
+    out["total_s"] = sum(out.values())
+    return out
+
+
+def sequential_step_seconds(agents: list[dict[str, float]], verify_s: float) -> float:
+    """The previous loop's step: rollout, the π_old passes and weight sync one agent after another
+    (``Σ_agent``), training concurrent (``max_agent``); for comparison with :func:`step_seconds`."""
+    total = sum(t.get(k, 0.0) for t in agents for k in ("rollout_s", "old_logprob_s", "sync_s"))
+    return total + verify_s + max(t.get("train_s", 0.0) for t in agents)
+
+
+def overlapped_step_seconds(stages: dict[str, float]) -> float:
+    """Steady-state step when the rollout of step t+1 runs while step t verifies, computes π_old,
+    trains and syncs (``one_step_off``; ``async`` with any staleness bound K ≥ 1 has the same bound:
+    rollout cannot produce faster than its own time per step, training cannot consume faster than
+    the rest): ``max(rollout, verify + π_old + train + sync)`` from :func:`step_seconds`' stages.
+    Assumes the engines run on GPUs of their own (the weight push waits only for the sync itself)."""
+    rest = stages["verify_s"] + stages["old_logprob_s"] + stages["train_s"] + stages["sync_s"]
+    return max(stages["rollout_s"], rest)

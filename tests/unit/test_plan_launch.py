@@ -51,10 +51,10 @@ def test_sbatch_and_ray_startup_for_all_nodes(tmp_path):
     assert "start --head --block" in script and 'start --block --address="$RAY_ADDRESS"' in script
     assert 'slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES"' in script
     assert f"python -m hacrl_megatron train --preset {PRESET}" in script
-    # node 0 hosts the controller and the SGLang engines: Ray gets none of its GPUs
+    # engines are Ray actors: every node, the head included, offers all of its GPUs to Ray
     head = script[script.index("start --head"):script.index("RAY_PID=$!")]
-    ray_starts = [ln for ln in script.splitlines() if "--num-gpus" in ln and not ln.lstrip().startswith(("#", "echo"))]
-    assert "--num-gpus=0" in head and len(ray_starts) == 1  # the joining nodes offer all GPUs
+    assert "--num-gpus" not in script and "CUDA_VISIBLE_DEVICES=" not in head
+    assert "#SBATCH --mem=0" in sbatch and "#SBATCH --no-requeue" in sbatch
     # TP/SP overlap needs one CUDA work queue; NCCL defaults, overridable by the job's env
     for var, value in (("CUDA_DEVICE_MAX_CONNECTIONS", "1"), ("NCCL_DEBUG", "WARN"),
                        ("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")):
@@ -64,18 +64,18 @@ def test_sbatch_and_ray_startup_for_all_nodes(tmp_path):
 def test_placement_header_lists_every_agent_on_whole_nodes(tmp_path):
     _, script = dryrun(tmp_path)
     lines = [ln[len("# placement: "):] for ln in script.splitlines() if ln.startswith("# placement: ")]
-    assert lines[0].startswith("llama70b: 32 ranks (tp=4) on node 1 GPUs 0-7, node 2 GPUs 0-7, node 3 GPUs 0-7, "
-                               "node 4 GPUs 0-7 (whole nodes); engines on node 0 GPUs [0, 1, 2, 3]")
+    assert lines[0] == ("llama70b: 32 ranks (tp=4) on node 1 GPUs 0-7, node 2 GPUs 0-7, node 3 GPUs 0-7, "
+                        "node 4 GPUs 0-7 (whole nodes); 1 engine(s) x 4 GPUs on node 0 GPUs 0-3")
     assert lines[1].startswith("qwen72b: 32 ranks (tp=4) on node 5 GPUs 0-7")
-    assert lines[1].endswith("(whole nodes); engines on node 0 GPUs [4, 5, 6, 7]")
-    assert "withheld from Ray" in lines[2]
+    assert lines[1].endswith("(whole nodes); 1 engine(s) x 4 GPUs on node 0 GPUs 4-7")
+    assert lines[2] == "node 0: the controller (no GPU); Ray is offered all of its GPUs"
 
 
 def test_tp8_agents_take_whole_nodes_and_tp_groups_stay_in_a_node(tmp_path):
     overrides = ["agents.0.parallel.tp=8", "agents.0.parallel.pp=4", "agents.1.parallel.tp=8",
                  "agents.1.parallel.pp=2", "agents.1.parallel.dp=2"]
     plan = node_plan(load_config(PRESET, overrides), 9, 8)
-    assert plan.head_ray_gpus == 0
+    assert plan.head_gpu_ids is None
     for agent, nodes in zip(plan.agents, [(1, 2, 3, 4), (5, 6, 7, 8)]):
         assert agent.nodes == nodes and agent.whole_nodes(8) and agent.tp_groups_within_nodes()
         assert sum(c for _, _, c in agent.spans) == agent.world == 32
@@ -85,21 +85,25 @@ def test_tp8_agents_take_whole_nodes_and_tp_groups_stay_in_a_node(tmp_path):
 
 
 def test_too_few_nodes_fail_before_anything_is_written(tmp_path, capsys):
-    with pytest.raises(PlacementError, match="need 64 GPUs, the job has 56 for them"):
+    # 8 nodes: the trainers take all 64 GPUs from node 0 on, and node 0's engine GPUs are Llama's ranks
+    with pytest.raises(PlacementError, match=r"agent 'llama70b': engine on node 0 GPUs \[0, 1, 2, 3\] overlaps "
+                                             r"the trainer ranks of agent 'llama70b'"):
         node_plan(load_config(PRESET), 8, 8)
+    with pytest.raises(PlacementError, match="need 64 GPUs, the job has 56 for them"):
+        node_plan(load_config(PRESET), 7, 8)
     p = cli.argparse.ArgumentParser()
     cli.add_arguments(p)
-    args = p.parse_args(["--preset", PRESET, "--executor", "slurm", "--account", "a", "--nodes", "8",
+    args = p.parse_args(["--preset", PRESET, "--executor", "slurm", "--account", "a", "--nodes", "7",
                          "--gpus-per-node", "8", "--container-image", IMAGE, "--packager", "none", "--job-dir",
                          str(tmp_path / "j"), "--base-dir", str(tmp_path / "e"), "--dryrun"])
     assert cli.main(args) == 1
-    assert "need 64 GPUs, the job has 56 for them (8 node(s) × 8, node 0 for engines)" in capsys.readouterr().err
+    assert "need 64 GPUs, the job has 56 for them (7 node(s) × 8)" in capsys.readouterr().err
     assert not glob.glob(str(tmp_path / "e" / "**" / "*_sbatch.sh"), recursive=True)
 
 
 def test_shared_node_agents_are_reported_as_such():
     plan = node_plan(load_config("paper_qwen3_4b_with_instruct"), 1, 8)
-    assert plan.head_ray_gpus is None  # one node: Ray keeps every GPU, engines colocate
+    assert plan.head_gpu_ids is None and plan.shared  # the resident engines share the trainers' GPUs
     assert [a.spans for a in plan.agents] == [((0, 0, 4),), ((0, 4, 4),)]
     assert not plan.agents[0].whole_nodes(8) and plan.agents[0].tp_groups_within_nodes()
 
@@ -120,4 +124,4 @@ def test_example_launch_script_plans_then_renders(tmp_path):
     (script,) = glob.glob(str(tmp_path / "exp" / "experiments" / PRESET / "*" / PRESET / "scripts" / "*.sh"))
     body = open(script).read()
     assert "agents.0.parallel.tp=4 agents.0.parallel.pp=8" in body and "rollout.weight_sync=distributed" in body
-    assert "agents.0.model.hf_path=/models/Llama-3.1-70B-Instruct" in body and "--num-gpus=0" in body
+    assert "agents.0.model.hf_path=/models/Llama-3.1-70B-Instruct" in body and "--num-gpus" not in body
