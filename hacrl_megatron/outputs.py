@@ -74,12 +74,14 @@ def _first_existing(path: Path) -> Path:
 
 def _probe_write(folder: Path, path: Path, what: str) -> None:
     """Create, write one byte to and remove a file in ``folder``: the only test that sees a read-only
-    mount, a missing permission (also for root on some filesystems) and a full disk alike."""
+    mount, a missing permission (also for root on some filesystems) and a full disk alike (local
+    filesystems refuse the byte at once; a network filesystem at the latest when the file closes)."""
     fd, name = -1, ""
     try:
         fd, name = tempfile.mkstemp(prefix=".hacrl-probe-", dir=folder)
         os.write(fd, b"\0")
-        os.fsync(fd)
+        fd, written = -1, fd
+        os.close(written)
     except OSError as err:
         why = {errno.EROFS: f"{folder} is on a read-only filesystem",
                errno.EACCES: f"{folder} is not writable (permission denied)",
@@ -98,11 +100,12 @@ def _probe_write(folder: Path, path: Path, what: str) -> None:
                 pass
 
 
-def check_dir(path: str | os.PathLike, what: str) -> Path:
+def check_dir(path: str | os.PathLike, what: str, probed: set[Path] | None = None) -> Path:
     """``path`` as a folder the caller will create (if missing) and write into; returns it absolute.
 
     Raises :class:`OutputPathError` naming ``what`` (the field or flag, e.g. ``output_dir``) and
-    the path when it cannot be.
+    the path when it cannot be. ``probed``: folders already found writable by the caller's other
+    checks (each is written to once), updated.
     """
     text = os.fspath(path)
     problem = path_problem(text)
@@ -113,18 +116,21 @@ def check_dir(path: str | os.PathLike, what: str) -> Path:
         existing = _first_existing(target)
     except OutputPathError as err:
         raise OutputPathError(f"{what} {err}") from None
-    _probe_write(existing, target, what)
+    if probed is None or existing not in probed:
+        _probe_write(existing, target, what)
+        if probed is not None:
+            probed.add(existing)
     return target
 
 
-def check_file(path: str | os.PathLike, what: str) -> Path:
+def check_file(path: str | os.PathLike, what: str, probed: set[Path] | None = None) -> Path:
     """``path`` as a file the caller will create or append to (its folder checked like :func:`check_dir`)."""
     target = Path(os.fspath(path)).expanduser().absolute()
     if target.is_dir():
         raise OutputPathError(f"{what} {target}: is a folder, not a file")
     if target.exists() and not os.access(target, os.W_OK):
         raise OutputPathError(f"{what} {target}: is not writable")
-    check_dir(target.parent, what)
+    check_dir(target.parent, what, probed)
     return target
 
 

@@ -15,6 +15,7 @@ import typing
 from pathlib import Path
 
 import pytest
+import yaml
 
 from hacrl_megatron.cli import main
 from hacrl_megatron.config import AgentConfig, ExperimentConfig, load_config
@@ -22,7 +23,7 @@ from hacrl_megatron.config.loading import _strip_optional
 from hacrl_megatron.config.ranges import NUMBERS, TEXTS, pattern_of
 from hacrl_megatron.trainer import loop
 from hacrl_megatron.trainer.run_folder import checkpoint_dir
-from tests.faults.trainer_helpers import preset_file, tiny
+from tests.faults.trainer_helpers import tiny
 
 NUMBERS_TRIED = (".nan", ".inf", "-.inf", "0", "-1", "1000000000000")
 LONG, NON_ASCII = "x" * 300, "é"
@@ -68,10 +69,30 @@ def schema_fields(cls: type = ExperimentConfig, prefix: str = "") -> dict[str, t
     return out
 
 
+def _changed(value: dict, default: dict) -> dict:
+    """The entries of ``value`` that differ from ``default`` (records compared field by field)."""
+    out = {}
+    for key, item in value.items():
+        if isinstance(item, dict) and isinstance(default.get(key), dict):
+            if item != default[key]:
+                out[key] = _changed(item, default[key])
+        elif item != default.get(key):
+            out[key] = item
+    return out
+
+
 @pytest.fixture(scope="module")
 def preset(tmp_path_factory) -> str:
+    """The tiny two-agent run as a preset holding only what differs from the defaults: a short YAML
+    file, so that the ~600 `hacrl config` calls below stay fast (YAML parsing is most of their time)."""
     tmp = tmp_path_factory.mktemp("fuzz")
-    return preset_file(tmp, tiny(tmp, steps=1, every=1))
+    exp = tiny(tmp, steps=1, every=1)
+    data = _changed(exp.to_dict(), ExperimentConfig().to_dict())
+    data["agents"] = [_changed(a, dataclasses.asdict(AgentConfig())) for a in exp.to_dict()["agents"]]
+    path = tmp / "tiny.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert load_config(str(path)) == exp
+    return str(path)
 
 
 def _values(tp: type) -> tuple[str, ...]:
