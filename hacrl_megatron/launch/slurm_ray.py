@@ -63,14 +63,7 @@ RAY_PID=""
 stop_ray() { if [ -n "$RAY_PID" ]; then kill -TERM "$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi; }
 forget_token() { if [ -n "$WROTE_TOKEN" ]; then rm -f "$TOKEN_FILE"; fi; }
 head_up() { (exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null; }
-# local GPU indices -> the ids of this task's CUDA_VISIBLE_DEVICES (Slurm may number them otherwise)
-visible_ids() {
-  local ids=() i
-  IFS=, read -r -a VISIBLE <<< "${CUDA_VISIBLE_DEVICES:-}"
-  for i in "$@"; do ids+=("${VISIBLE[$i]:-$i}"); done
-  (IFS=,; echo "${ids[*]}")
-}
-if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
+__HELPERS__if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
   HEAD_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
 else
   HEAD_HOST=$(hostname)
@@ -128,6 +121,14 @@ else
   exit 0
 fi
 """
+_VISIBLE_IDS = r"""# local GPU indices -> the ids of this task's CUDA_VISIBLE_DEVICES (Slurm may number them otherwise)
+visible_ids() {
+  local ids=() visible=() i
+  IFS=, read -r -a visible <<< "${CUDA_VISIBLE_DEVICES:-}"
+  for i in "$@"; do ids+=("${visible[$i]:-$i}"); done
+  (IFS=,; echo "${ids[*]}")
+}
+"""
 # NCCL_SOCKET_IFNAME's syntax: interface names or prefixes, comma-separated, ^ to exclude, = for exact
 _IFNAME = re.compile(r"^[\^=]?[A-Za-z0-9_.:-]+(,[A-Za-z0-9_.:-]+)*$")
 
@@ -167,6 +168,7 @@ def ray_cluster_script(command: list[str], *, python: str = "python", port: int 
         head_gpus = f'CUDA_VISIBLE_DEVICES="$(visible_ids {ids})" ' if head_gpu_ids else ""
         head_args = f"--num-gpus={len(head_gpu_ids)} "
     fill = {
+        "__HELPERS__": _VISIBLE_IDS if head_gpus else "",
         "__SOCKET__": socket,
         "__PLACEMENT__": lines,
         "__HEAD_GPUS__": head_gpus,
