@@ -32,6 +32,8 @@ from hacrl_megatron.config.schema import (
     PRESET_DIR,
     RECOMPUTE,
     SGLANG_PYTHON_ENV,
+    VLLM_DTYPES,
+    VLLM_PYTHON_ENV,
     WEIGHT_SYNC_MODES,
     WORKERS,
     AgentConfig,
@@ -47,6 +49,7 @@ from hacrl_megatron.config.schema import (
     RolloutConfig,
     SGLangConfig,
     TrainConfig,
+    VLLMConfig,
 )
 from hacrl_megatron.config.validation import (
     check_data_files,
@@ -54,6 +57,7 @@ from hacrl_megatron.config.validation import (
     validate_agent,
     validate_data_names,
     validate_sglang_python,
+    validate_vllm_python,
 )
 
 __all__ = [
@@ -83,6 +87,9 @@ __all__ = [
     "SGLANG_PYTHON_ENV",
     "SGLangConfig",
     "TrainConfig",
+    "VLLMConfig",
+    "VLLM_DTYPES",
+    "VLLM_PYTHON_ENV",
     "WEIGHT_SYNC_MODES",
     "WORKERS",
     "apply_override",
@@ -96,4 +103,5 @@ __all__ = [
     "validate_agent",
     "validate_data_names",
     "validate_sglang_python",
+    "validate_vllm_python",
 ]

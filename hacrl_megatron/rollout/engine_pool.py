@@ -87,6 +87,13 @@ class EnginePool:
     def engines(self) -> list[EngineClient]:
         return [s.engine for s in self.slots]
 
+    @property
+    def runs_in_process(self) -> bool:
+        """Whether any client computes in this process (an in-process HF engine; a client that does not
+        say counts as one): then the loop drives this agent's engines one agent after another, else in a
+        thread of its own while other agents' engines work (trainer/concurrency.py)."""
+        return any(getattr(s.engine, "runs_in_process", True) for s in self.slots)
+
     # ----------------------------------------------------------------------------------------
     # generation
 

@@ -69,6 +69,8 @@ class HFEngine:
         name: label in metrics when the engine sits in a pool (``engine0``, ...).
     """
 
+    runs_in_process = True  # computes in this process, on torch's process-wide RNG (trainer/concurrency.py)
+
     def __init__(self, model: Any, tokenizer: Any, *, max_batch_size: int = 64, name: str = "engine0") -> None:
         if tokenizer.eos_token_id is None:
             raise ValueError("HFEngine: tokenizer has no eos_token_id; rollouts could never stop")

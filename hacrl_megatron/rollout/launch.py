@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 ENGINE_MODULES = {
     "hf": "hacrl_megatron.rollout.hf_engine",
     "sglang": "hacrl_megatron.rollout.sglang_server",
+    "vllm": "hacrl_megatron.rollout.vllm_server",
 }
 
 

@@ -72,6 +72,8 @@ class SGLangEngine:
         name: label in metrics (``engine0``, ...).
     """
 
+    runs_in_process = False  # the model runs in the server's processes (trainer/concurrency.py)
+
     def __init__(self, base_url: str, *, eos_token_id: int, tokenizer: Any | None = None, tp_size: int = 1,
                  timeout: float = 600.0, server: Any | None = None, name: str = "engine0") -> None:
         if tp_size < 1:

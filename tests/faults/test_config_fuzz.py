@@ -33,7 +33,7 @@ ENUMERATIONS = {"agents.*.backend", "agents.*.workers", "agents.*.model.arch", "
                 "agents.*.parallel.recompute", "rollout.engine", "rollout.eos_mode", "rollout.weight_sync",
                 "hacpo.algorithm", "hacpo.cross_clip_mode", "hacpo.cross_window", "train.lr_schedule",
                 "train.verifier_mode", "train.minibatch_order", "hacpo.kl_estimator", "data.task", "data.path",
-                "data.checker"}
+                "data.checker", "rollout.vllm.dtype"}
 # hostile values inside their field's real range: each works (test_accepted_values_run_one_step)
 ACCEPTED = {
     "0": {"agents.0.model.num_experts", "agents.0.model.moe_ffn_hidden_size",
@@ -43,13 +43,15 @@ ACCEPTED = {
           "hacpo.self_clip_low", "hacpo.self_clip_high", "hacpo.grpo_clip_low", "hacpo.grpo_clip_high",
           "train.steps", "train.weight_decay", "train.grad_clip", "train.adam_beta1", "train.adam_beta2",
           "train.lr_warmup_steps", "train.eval_every", "train.seed", "train.cpu_threads", "train.verifier_workers",
-          "data.eval_size", "data.seed", "checkpoint.every"},
+          "data.eval_size", "data.seed", "checkpoint.every", "rollout.vllm.max_model_len",
+          "rollout.vllm.max_num_seqs"},
     "1000000000000": {"agents.0.model.rope_theta", "agents.0.warmup_sft_max_steps", "rollout.temperature",
                       "hacpo.self_clip_high", "hacpo.grpo_clip_high", "hacpo.omega_max", "hacpo.max_reward",
                       "train.steps", "train.micro_batch_size", "train.grad_clip", "train.lr_warmup_steps",
                       "train.eval_every", "checkpoint.every", "checkpoint.keep", "log.every"},
-    '""': {"rollout.sglang.python"},
-    NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "log.wandb_project"},
+    '""': {"rollout.sglang.python", "rollout.vllm.python"},
+    NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "rollout.vllm.python",
+                "log.wandb_project"},
 }
 
 

