@@ -7,7 +7,8 @@
 # Environment (defaults in brackets): ACCOUNT (required), PARTITION [batch], NODES [9],
 # GPUS_PER_NODE [8], GPU_MEMORY_GIB [74.5: an 80 GB H100], TIME [48:00:00], JOB_DIR
 # [/shared/hacrl/jobs], MODELS [/shared/hacrl/models], DATA [/shared/hacrl/data], RUNS
-# [/shared/hacrl/runs]. Extra arguments go to `hacrl launch` (e.g. --dryrun --base-dir DIR).
+# [/shared/hacrl/runs], SOCKET_IFNAME [unset: NCCL's own choice; e.g. ib0]. Extra arguments go to
+# `hacrl launch` (e.g. --dryrun --base-dir DIR, --container-image /shared/images/hacrl.sqsh).
 set -euo pipefail
 : "${ACCOUNT:?set ACCOUNT to your Slurm account}"
 PARTITION="${PARTITION:-batch}" NODES="${NODES:-9}" GPUS_PER_NODE="${GPUS_PER_NODE:-8}"
@@ -22,9 +23,10 @@ paths=(output_dir="/runs/$PRESET" data.path=/data/math/train.jsonl agents.0.mode
 mapfile -t layout < <(hacrl plan --preset "$PRESET" "${paths[@]}" --nodes "$NODES" \
     --gpus-per-node "$GPUS_PER_NODE" --gpu-memory-gib "$GPU_MEMORY_GIB" --json |
     python -c 'import json, sys; print("\n".join(json.load(sys.stdin)["overrides"]))')
-# 2. one Slurm job: node 0 runs the controller and both agents' SGLang engines, the other nodes
-#    the two trainers' Ray worker groups (the Ray script's "# placement:" lines say which)
-hacrl launch "$@" --executor slurm --account "$ACCOUNT" --partition "$PARTITION" --nodes "$NODES" \
+# 2. one Slurm job: node 0 runs the controller; the trainers' Ray worker groups and the SGLang
+#    engines go where the plan put them (the Ray script's "# placement:" lines say which)
+ifname=(${SOCKET_IFNAME:+--socket-ifname "$SOCKET_IFNAME"})
+hacrl launch "$@" "${ifname[@]}" --executor slurm --account "$ACCOUNT" --partition "$PARTITION" --nodes "$NODES" \
     --gpus-per-node "$GPUS_PER_NODE" --time "$TIME" --job-dir "$JOB_DIR" --name "$PRESET" \
     --mount "$MODELS:/models" --mount "$DATA:/data" --mount "$RUNS:/runs" \
     --env HACRL_DATA_DIR=/data --env HF_HUB_OFFLINE=1 --detach \

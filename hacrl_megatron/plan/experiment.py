@@ -257,6 +257,23 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assum
     if sglang:
         _engine_limit(works, cluster, choices)
     verify_s = verify_seconds(works[0].tokens, cfg.train.verifier_workers, assumptions)
+    best = _search(works, cluster, choices, assumptions, verify_s, objective)
+    _, choice, place, plans = best
+    step = _step(plans, verify_s, overlapping=choice is not None and not place.colocated)
+    overrides = _overrides(cfg, plans, choice, place, cluster)
+    notes = [f"schedule: {SCHEDULE}"]
+    if choice is not None and cluster.nodes > 1:
+        notes.append("engines run on the GPUs the placement lists per agent (job-wide rollout_gpu_ids); every "
+                     "node, the controller's (node 0) included, offers all of its GPUs to Ray")
+    text = _preset_yaml(preset, overrides)
+    return ExperimentPlan(tuple(plans), choice, cluster, assumptions, step, tuple(overrides), text, tuple(sources),
+                          tuple(notes), place, objective)
+
+
+def _search(works: list[AgentWork], cluster: Cluster, choices: list[Rollout | None], assumptions: Assumptions,
+            verify_s: float, objective: str) -> tuple[float, Rollout | None, Placement, list[AgentPlan]]:
+    """The fastest (step of ``objective``, rollout choice, placement, agent plans) over every choice
+    and candidate placement; raises :class:`PlanError` for the first agent that never fits."""
     best, closest, fit_any = None, [None] * len(works), [False] * len(works)
     trainer_gpus = None
     for choice in choices:
@@ -282,16 +299,7 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assum
                 raise PlanError(_no_fit(a, (trainer_gpus or (0,) * len(works))[i], cluster, closest[i]))
         raise PlanError("cluster: every agent fits alone, but no engine TP / memory fraction fits all agents at once "
                         "(the config holds one rollout.sglang.tp and rollout.sglang.mem_fraction)")
-    _, choice, place, plans = best
-    step = _step(plans, verify_s, overlapping=choice is not None and not place.colocated)
-    overrides = _overrides(cfg, plans, choice, place, cluster)
-    notes = [f"schedule: {SCHEDULE}"]
-    if choice is not None and cluster.nodes > 1:
-        notes.append("engines are Ray actors on the GPUs listed per agent; every node, the controller's (node 0) "
-                     "included, offers all of its GPUs to Ray")
-    text = _preset_yaml(preset, overrides)
-    return ExperimentPlan(tuple(plans), choice, cluster, assumptions, step, tuple(overrides), text, tuple(sources),
-                          tuple(notes), place, objective)
+    return best
 
 
 def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, assumptions: Assumptions,
