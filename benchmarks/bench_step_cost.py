@@ -192,8 +192,9 @@ def project(plan: dict[str, Any], train_factor: float, cross_old_pass: bool = Fa
     for agent in plan["agents"]:
         t = agent["time_s"]
         r = 2.0 if agent["layout"]["recompute"] == "full" else 0.0
+        train = t["train_s"] + t.get("old_logprob_s", 0.0)  # plans since the staged schedule price π_old apart
         rows.append({"rollout": (t["rollout_s"], t["gspo_x2_rollout_s"]),
-                     "train": (t["train_s"] * ((6 + r) * train_factor + old_pass) / (8 + r), t["train_s"]),
+                     "train": (train * ((6 + r) * train_factor + old_pass) / (8 + r), train),
                      "sync": (t["sync_s"], t["sync_s"])})
     out = {k: tuple(max(row[k][i] for row in rows) for i in (0, 1)) for k in ("rollout", "train", "sync")}
     out["step"] = tuple(sum(out[k][i] for k in ("rollout", "train", "sync")) for i in (0, 1))
