@@ -260,3 +260,25 @@ def test_slurm_options_elsewhere_are_refused(tmp_path, capsys):
     cli.add_arguments(p)
     assert cli.main(p.parse_args(["--socket-ifname", "ib0", "--dryrun"])) == 2
     assert "--socket-ifname: Slurm options (--executor slurm)" in capsys.readouterr().err
+
+
+def test_one_node_job_keeps_its_engine_gpus_from_ray(fake_slurm, tmp_path):
+    """One node with separate engines (the planner's overlap plan of the paper preset): the head's
+    Ray is offered only the trainers' GPUs, mapped through Slurm's CUDA_VISIBLE_DEVICES."""
+    from hacrl_megatron.launch import cli
+
+    layout = ["rollout.colocate=false", "rollout.sglang.tp=1", "rollout.weight_sync=distributed",
+              "agents.0.parallel.tp=1", "agents.0.parallel.dp=2", "agents.0.rollout_gpu_ids=[2, 3]",
+              "agents.1.parallel.tp=1", "agents.1.parallel.dp=2", "agents.1.rollout_gpu_ids=[6, 7]"]
+    argv = ["--preset", "paper_qwen3_4b_with_instruct", *layout, "--executor", "slurm", "--account", "acct",
+            "--nodes", "1", "--gpus-per-node", "8", "--packager", "none", "--container-image", "img:1",
+            "--job-dir", str(tmp_path / "jobs"), "--base-dir", str(tmp_path / "exp"), "--name", "h70", "--dryrun"]
+    p = cli.argparse.ArgumentParser()
+    cli.add_arguments(p)
+    assert cli.main(p.parse_args(argv)) == 0
+    _, script = _files(tmp_path)
+    head = _head_start(script)
+    assert head.startswith('CUDA_VISIBLE_DEVICES="$(visible_ids 0 1 4 5)"') and head.endswith("--num-gpus=4 &")
+    assert "# placement: node 0: the controller (no GPU); Ray is offered GPUs [0, 1, 4, 5]" in script
+    assert "# placement: qwen3_4b: 2 ranks (tp=1) on node 0 GPUs 0-1 (shares a node); 2 engine(s) x 1 GPUs on " \
+           "node 0 GPUs 2-3" in script
