@@ -59,6 +59,17 @@ class AgentHandle(Protocol):
     def reference_token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
         """:meth:`token_logprobs` under the weights :meth:`keep_reference` kept (the KL's π_ref)."""
 
+    def keep_version(self, version: int) -> None:
+        """Snapshot the current weights (a host copy of each rank's shard) as weight version ``version``,
+        for the behaviour pass of rollouts that version samples while training goes on (§7b)."""
+
+    def drop_versions(self, below: int) -> None:
+        """Free the snapshots of versions older than ``below``."""
+
+    def sequence_logprobs_at(self, version: int, batch: SequenceBatch,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sequence_logprobs` under the weights of snapshot ``version`` (the behaviour policy)."""
+
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One optimizer update per mini-batch (m = 0..M−1, in order); returns one metrics dict each."""
 

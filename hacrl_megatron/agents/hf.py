@@ -18,7 +18,7 @@ import torch
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.padding import micro_batches, pad_right, response_logprobs_from_logits
-from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
+from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
 from hacrl_megatron.config import TrainConfig
 
 
@@ -78,6 +78,23 @@ class HFAgent:
         cu[1:] = torch.cumsum(lens, 0)
         return LogProbOutput(torch.cat([o.token_logps for o in outs]), cu,
                              torch.cat([o.seq_logp_sum for o in outs]), lens)
+
+    def keep_version(self, version: int) -> None:
+        """Snapshot the live weights as ``version`` (agents/reference.WeightVersions)."""
+        self._versions().keep(version)
+
+    def drop_versions(self, below: int) -> None:
+        self._versions().drop_below(below)
+
+    def sequence_logprobs_at(self, version: int, batch: SequenceBatch,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sequence_logprobs` under the weights of snapshot ``version``."""
+        return self._versions().run(version, lambda: self.sequence_logprobs(batch, temperature))
+
+    def _versions(self) -> WeightVersions:
+        if getattr(self, "_weight_versions", None) is None:
+            self._weight_versions = WeightVersions(self.name, lambda: self.model.parameters())
+        return self._weight_versions
 
     def keep_reference(self) -> None:
         """Keep the current weights (host copy) as the KL penalty's frozen reference (agents/reference.py)."""

@@ -27,7 +27,7 @@ from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.moe import RouterLosses, RoutingReplay
-from hacrl_megatron.agents.reference import ReferenceWeights, missing_reference
+from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
 from hacrl_megatron.agents.schedule import (
     LMHead,
     MicroBatch,
@@ -297,6 +297,27 @@ class LocalAgent:
 
         group = mpu.get_data_parallel_group() if self.info.dp > 1 else None
         return self._replay.record(self._micro_layout(batch, self.info.dp_rank), self.updates, group)
+
+    def keep_version(self, version: int) -> None:
+        """Snapshot the live weights as ``version`` (agents/reference.WeightVersions)."""
+        self._versions().keep(version)
+
+    def drop_versions(self, below: int) -> None:
+        self._versions().drop_below(below)
+
+    def sequence_logprobs_at(self, version: int, batch: SequenceBatch,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`sequence_logprobs` under the weights of snapshot ``version``."""
+        self._in_reference_pass = True  # not the live policy: records no routes
+        try:
+            return self._versions().run(version, lambda: self.sequence_logprobs(batch, temperature))
+        finally:
+            self._in_reference_pass = False
+
+    def _versions(self) -> WeightVersions:
+        if getattr(self, "_weight_versions", None) is None:
+            self._weight_versions = WeightVersions(self.name, lambda: self.module.parameters())
+        return self._weight_versions
 
     def keep_reference(self) -> None:
         """Keep this rank's current weight shard (host copy) as the KL penalty's frozen reference

@@ -235,6 +235,18 @@ class RayAgent:
         """Per-token log-probs of the responses (packed, see :class:`LogProbOutput`)."""
         return self._call(RankWorker.token_logprobs, batch, temperature)[0]
 
+    def keep_version(self, version: int) -> None:
+        """Every rank snapshots its current weight shard as ``version`` (host copy)."""
+        self._call(RankWorker.keep_version, version)
+
+    def drop_versions(self, below: int) -> None:
+        self._call(RankWorker.drop_versions, below)
+
+    def sequence_logprobs_at(self, version: int, batch: SequenceBatch,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+        """Σ log π of each response under the weights of snapshot ``version``."""
+        return self._call(RankWorker.sequence_logprobs_at, version, batch, temperature)[0]
+
     def keep_reference(self) -> None:
         """Every rank keeps its current weight shard (host copy) as the KL penalty's frozen reference."""
         self._call(RankWorker.keep_reference)

@@ -180,6 +180,16 @@ class RankWorker:
     def keep_reference(self) -> None:
         self._local.keep_reference()
 
+    def keep_version(self, version: int) -> None:
+        self._local.keep_version(version)
+
+    def drop_versions(self, below: int) -> None:
+        self._local.drop_versions(below)
+
+    def sequence_logprobs_at(self, version: int, batch: SequenceBatch,
+                             temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._local.sequence_logprobs_at(version, batch, temperature)
+
     def reference_token_logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
         return self._local.reference_token_logprobs(batch, temperature)
 

@@ -52,6 +52,43 @@ class ReferenceWeights:
             return forward()
 
 
+class WeightVersions:
+    """Snapshots of earlier weight versions of one agent (the behaviour policies of rollouts that lag
+    behind training, docs/algorithm.md §7b), each a :class:`ReferenceWeights` of this rank's shard.
+
+    ``params`` gives the live parameters (called at each snapshot, so a rebuilt module is seen).
+    """
+
+    def __init__(self, agent: str, params: Callable[[], Iterable[torch.nn.Parameter]]) -> None:
+        self.agent = agent
+        self._params = params
+        self._kept: dict[int, ReferenceWeights] = {}
+
+    def keep(self, version: int) -> None:
+        """Snapshot the live weights as ``version`` (replacing an earlier snapshot of that version)."""
+        self._kept[int(version)] = ReferenceWeights(self._params())
+
+    def drop_below(self, version: int) -> None:
+        """Free every snapshot older than ``version``."""
+        for v in [v for v in self._kept if v < version]:
+            del self._kept[v]
+
+    @property
+    def versions(self) -> list[int]:
+        return sorted(self._kept)
+
+    @property
+    def num_bytes(self) -> int:
+        return sum(w.num_bytes for w in self._kept.values())
+
+    def run(self, version: int, forward: Callable[[], R]) -> R:
+        """``forward()`` with the weights of ``version`` in place."""
+        if version not in self._kept:
+            raise RuntimeError(f"agent {self.agent!r}: no snapshot of weight version {version} (kept: "
+                               f"{self.versions}); a rollout older than train.max_staleness cannot be corrected")
+        return self._kept[version].run(forward)
+
+
 def missing_reference(agent: str) -> RuntimeError:
     return RuntimeError(f"agent {agent!r}: no reference weights; call keep_reference() when the agent is built "
                         "(hacpo.kl_coef > 0 keeps the starting weights as the KL's reference)")

@@ -286,11 +286,30 @@ def hacpo_loss(
         if log_ratio.numel():
             raise ValueError(f"num_sequences={num_sequences} must be > 0 for a non-empty batch")
         denom = 1
+    weight_metrics: dict[str, float] = {}
+    if inputs.behaviour_log_ratio is not None:  # stale self samples (docs/algorithm.md §7b)
+        objective, weight_metrics = _behaviour_weighted(objective, inputs.behaviour_log_ratio, inputs.is_self)
     loss = -objective.sum() / denom
     metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg,
                             source_index=inputs.source_index, center=inputs.cross_center, old_log_ratio=old_log_ratio)
+    metrics.update(weight_metrics)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
     return loss, metrics
+
+
+def _behaviour_weighted(objective: torch.Tensor, behaviour_log_ratio: torch.Tensor,
+                        is_self: torch.Tensor) -> tuple[torch.Tensor, dict[str, float]]:
+    """J · w with the truncated behaviour weight w = min(1, e^b), b = (1/L)·(Σ log π_prox − Σ log π_behav)
+    per self sequence (0 on cross rows: w = 1), a constant (docs/algorithm.md §7b); and its metrics
+    over self sequences: ``behaviour_weight_mean`` and ``behaviour_truncfrac`` (share with b > 0)."""
+    b = behaviour_log_ratio.detach().to(device=objective.device, dtype=objective.dtype)
+    weight = torch.exp(b).clamp(max=1.0)
+    own = is_self.bool().to(objective.device)
+    with torch.no_grad():
+        count = int(own.sum())
+        metrics = {"behaviour_weight_mean": float(weight[own].mean()) if count else 1.0,
+                   "behaviour_truncfrac": float((b[own] > 0).sum()) / count if count else 0.0}
+    return objective * weight, metrics
 
 
 def _old_log_ratio(learner_len: torch.Tensor, inputs: LossInputs, cfg: HACPOConfig) -> torch.Tensor | None:

@@ -34,6 +34,10 @@ class LossInputs:
     ref_token_logp: [S, T] float or None, the frozen reference policy's per-token log-probs of each
         self response, right-padded like ``old_token_logp`` (cross rows are zeros, never read). Needed by
         the KL penalty (``hacpo.kl_coef > 0``, docs/algorithm.md §7).
+    behaviour_log_ratio: [S] float or None, b = (1/L)·(Σ log π_prox − Σ log π_behav) of each self sequence
+        sampled by older weights than the learner's at the start of its update (0 on cross rows and fresh
+        ones); the objective is weighted by min(1, e^b) (docs/algorithm.md §7b). None: every sample is
+        fresh (train.rollout_mode=sync), no weight.
     """
 
     advantages: torch.Tensor
@@ -46,6 +50,7 @@ class LossInputs:
     cross_center: torch.Tensor | None = None
     learner_old_logp_sum: torch.Tensor | None = None
     ref_token_logp: torch.Tensor | None = None
+    behaviour_log_ratio: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.advantages.dim() != 1:
@@ -57,7 +62,7 @@ class LossInputs:
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
         if self.is_self.dtype != torch.bool:
             raise ValueError(f"LossInputs.is_self must be a bool tensor, got {self.is_self.dtype}")
-        for name in ("source_index", "cross_center", "learner_old_logp_sum"):
+        for name in ("source_index", "cross_center", "learner_old_logp_sum", "behaviour_log_ratio"):
             value = getattr(self, name)
             if value is not None and value.shape != (s,):
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")

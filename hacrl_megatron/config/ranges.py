@@ -123,6 +123,7 @@ NUMBERS: dict[str, Interval] = {
     "train.steps": _i(0, None, "steps"),
     "train.prompts_per_step": _i(1, 1 << 16, "B prompts per step"),
     "train.mini_batches": _i(1, None, "M updates per step"),
+    "train.max_staleness": _i(1, 16, "weight versions an async batch may lag; each keeps a host copy of the weights"),
     "train.micro_batch_size": _i(1, None, "sequences per forward/backward"),
     "train.weight_decay": _i(0, 1, "decoupled weight decay: each update multiplies the weights by 1 − lr·wd"),
     "train.grad_clip": _i(0, None, "a gradient norm (0 disables clipping)"),

@@ -27,6 +27,7 @@ WORKERS = ("auto", "local", "ray")
 EOS_MODES = ("learner_eos", "source_eos_text", "no_eos", "strip_all")
 KL_ESTIMATORS = ("low_var_kl", "k1", "k2")  # docs/algorithm.md §7
 MINIBATCH_ORDERS = ("shuffle", "self_first")
+ROLLOUT_MODES = ("sync", "one_step_off", "async")  # docs/algorithm.md §7b
 WEIGHT_SYNC_MODES = ("auto", "inprocess", "disk", "tensor", "distributed")
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
@@ -267,6 +268,11 @@ class TrainConfig:
     # order of a learner's step batch before the split into M mini-batches (docs/algorithm.md §7): shuffle, or
     # self_first (own responses first, then the others', unshuffled: the reference code's first version)
     minibatch_order: str = "shuffle"
+    # rollout against training (docs/algorithm.md §7b): sync (one barrier per step) | one_step_off (step t+1's rollout
+    # runs while step t trains, one weight version behind) | async (rollout runs continuously, at most
+    # max_staleness versions behind; older batches are dropped and counted)
+    rollout_mode: str = "sync"
+    max_staleness: int = 1  # K, async only: the oldest weight version a consumed batch may come from is current − K
     micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate
     weight_decay: float = 0.0
     grad_clip: float = 1.0

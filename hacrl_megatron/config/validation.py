@@ -22,6 +22,7 @@ from hacrl_megatron.config.schema import (
     MINIBATCH_ORDERS,
     MOE_ARCHS,
     RECOMPUTE,
+    ROLLOUT_MODES,
     SGLANG_PYTHON_ENV,
     VLLM_DTYPES,
     VLLM_PYTHON_ENV,
@@ -317,6 +318,14 @@ def _check_rules(cfg: ExperimentConfig) -> None:
           "must be a finite number >= 0 (0 turns the KL penalty off)")
     _one_of("hacpo.kl_estimator", h.kl_estimator, KL_ESTIMATORS)
     _one_of("train.minibatch_order", t.minibatch_order, MINIBATCH_ORDERS)
+    _one_of("train.rollout_mode", t.rollout_mode, ROLLOUT_MODES)
+    overlap = t.rollout_mode != "sync"
+    _rule(not (overlap and cfg.rollout.colocate), "train.rollout_mode", t.rollout_mode,
+          "rollout overlapping training needs engines on their own GPUs; rollout.colocate=true time-shares the "
+          "trainer's GPUs: use train.rollout_mode=sync with it, or rollout.colocate=false")
+    _rule(not (overlap and h.algorithm == "grpo"), "train.rollout_mode", t.rollout_mode,
+          "the staleness correction is sequence-level (docs/algorithm.md §7b); hacpo.algorithm=grpo is token-level: "
+          "use train.rollout_mode=sync with it")
     _rule(h.adaptive_window_steps >= 1, "hacpo.adaptive_window_steps", h.adaptive_window_steps,
           "must be >= 1 (steps of the adaptive window's running median)")
     _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,

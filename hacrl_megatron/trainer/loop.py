@@ -12,6 +12,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -30,6 +31,7 @@ from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
 from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
+from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 
@@ -48,8 +50,10 @@ class Run:
     verifier: VerifierPool
     task: Task
     eval_records: list[PromptRecord]
+    source: RolloutSource | None = None  # where each step's rollout comes from (trainer/rollout_source.py)
     step: int = 0
     history: dict[str, list[float]] = field(default_factory=dict)
+    weights_version: int = 0  # the version the engines hold: the weights at the start of step weights_version
 
     @property
     def names(self) -> list[str]:
@@ -75,7 +79,50 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
-    return Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records)
+    run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records)
+    run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
+                             lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
+                             lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
+                             concurrent=not any(runs_in_process(rt.engine) for rt in runtimes))
+    return run
+
+
+def _prompts(run: Run, index: int) -> list[PromptRecord]:
+    """Batch ``index``'s prompts: the data position is the batch itself (offset index × prompts_per_step)."""
+    p = run.exp.train.prompts_per_step
+    return run.task.sample(p, offset=index * p)
+
+
+def _overlap_window(exp: ExperimentConfig) -> int:
+    """Versions a batch may lag behind its step: 0 (sync), 1 (one_step_off), K (async)."""
+    return {"sync": 0, "one_step_off": 1}.get(exp.train.rollout_mode, exp.train.max_staleness)
+
+
+def _next_rollout(run: Run, metrics: dict[str, float]) -> tuple[RolloutRecord, dict[str, torch.Tensor]]:
+    """The step's batch from the source, and Σ log π_behav of the agents it lags for (docs/algorithm.md §7b).
+
+    Overlapping modes first snapshot the weights this step starts from (the behaviour policy of the
+    batches generated during it) and free those no queued batch can need any more."""
+    window = _overlap_window(run.exp)
+    if window:
+        for rt in run.runtimes:
+            rt.agent.keep_version(run.step)
+            rt.agent.drop_versions(run.step - window)
+    record = run.source.next(run.step)
+    if window:  # the synchronous loop's metrics stay as they were
+        for name, version in record.versions.items():
+            metrics[f"{name}/staleness"] = float(run.step - version)
+        metrics["rollout/dropped_batches"] = float(run.source.stats.dropped)
+        metrics["rollout/wait_s"] = run.source.stats.wait_s
+    behaviour = record.behaviour or _behaviour(run, record)
+    return record, {name: torch.tensor(sums, dtype=torch.float64) for name, sums in behaviour.items()}
+
+
+def _behaviour(run: Run, record: RolloutRecord) -> dict[str, list[float]]:
+    """Σ log π_behav of every lagging agent's own responses in ``record``, from the weight snapshots."""
+    r = run.exp.rollout
+    return stages.behaviour_logprobs(run.runtimes, record.prompts, record.completions, run.exchange, record.versions,
+                                     run.step, r.temperature, r.max_response_len + 1)
 
 
 def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:
@@ -142,22 +189,27 @@ def train_step(run: Run) -> dict[str, float]:
         timings[f"time/{name}_s"] = now - clock
         clock = now
 
-    prompts = run.task.sample(exp.train.prompts_per_step, offset=step * exp.train.prompts_per_step)
-    completions = stages.rollout(run.runtimes, prompts, exp, run.algorithm, step)
+    metrics: dict[str, float] = {}
+    record, behaviour = _next_rollout(run, metrics)  # sync: sampled now; overlapping: sampled while training
+    prompts = record.prompts
     for rt in run.runtimes:  # colocated engines hand their GPU memory to the trainer until the sync
         rt.engine.release_memory()
     lap("rollout")
-    data = stages.verify(run.verifier, prompts, completions, step, exp.rollout.max_response_len + 1)
+    data = stages.verify(run.verifier, prompts, record.completions, step, exp.rollout.max_response_len + 1)
     lap("verify")
     stages.old_logprobs(run.runtimes, data, run.exchange, run.algorithm, exp.rollout.temperature)
+    data.passes.behaviour_on_self.update(behaviour)
     lap("old_logprob")
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     omega = run.tracker.omega()
-    metrics = stages.reward_metrics(data, run.names)
+    metrics.update(stages.reward_metrics(data, run.names))
     metrics.update(_update_learners(run, data, omega, step))
     run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)  # used from the next step on
     lap("train")
-    metrics.update(_sync_engines(run, probe=prompts[0]))
+    run.source.finish_in_flight()  # one_step_off: the next batch samples with the weights this step started from
+    with run.source.engines_idle():  # between two generate calls of an overlapping producer
+        metrics.update(_sync_engines(run, probe=prompts[0]))
+        run.weights_version = step + 1
     lap("sync")
     metrics.update(run.exchange.pop_metrics(""))  # per-step statistics
     metrics.update(timings)
@@ -168,8 +220,9 @@ def train_step(run: Run) -> dict[str, float]:
 
 
 def _save(run: Run) -> None:
-    # the data position is the step itself (prompts are sampled at offset step × prompts_per_step)
-    state = {"tracker": run.tracker.state_dict(), "history": run.history}
+    # the data position is the step itself (prompts are sampled at offset step × prompts_per_step); an
+    # overlapping run also saves its finished, untrained batches with their behaviour log-probs
+    state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run)}
     save_checkpoint(checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
 
 
@@ -185,12 +238,26 @@ def _resume(run: Run) -> bool:
     run.step = int(state["step"])
     for rt in run.runtimes:
         rt.sync_weights()
+    run.weights_version = run.step
+    saved = state.get("rollout") or {"records": [], "next_index": None}
+    run.source.restore([RolloutRecord.from_state(r) for r in saved["records"]],
+                       run.step if saved["next_index"] is None else int(saved["next_index"]))
     logger.info("resumed from step %d (%s)", run.step, path)
     return True
 
 
+def _rollout_state(run: Run) -> dict[str, Any]:
+    """The source's finished batches (behaviour log-probs filled in while the snapshots exist) and where
+    its producer goes on: plain values for the checkpoint."""
+    records = [r if r.behaviour is not None or r.staleness(run.step) == 0 else with_behaviour(r, _behaviour(run, r))
+               for r in run.source.pending()]
+    run.source.replace_pending(records)
+    return {"records": [r.to_state() for r in records], "next_index": run.source.next_index()}
+
+
 def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
-    acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
+    with run.source.engines_idle():
+        acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
     for name, value in acc.items():
         run.history.setdefault(name, []).append(value)
     out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(f"{k}={v:.3f}" for k, v in acc.items()))
@@ -234,5 +301,6 @@ def _train(exp: ExperimentConfig) -> Run:
         failure = err
         raise
     finally:  # the error that stopped the run stays primary (a full disk also fails closing the metrics)
-        close_all([out.close, run.verifier.close, *(rt.close for rt in run.runtimes)], primary=failure)
+        close_all([run.source.close, out.close, run.verifier.close, *(rt.close for rt in run.runtimes)],
+                  primary=failure)
     return run

@@ -39,11 +39,14 @@ class PassOutputs:
         responses re-tokenized into the learner's tokens (docs/algorithm.md §5d, §8).
     reference_on_self: agent → one [L_j] float tensor per trajectory, the frozen starting policy's
         per-token log-probs of the agent's own responses (the KL penalty, §7).
+    behaviour_on_self: agent → [P·G] float64 Σ log π_behav of its own responses under the weights that
+        sampled them, for agents whose batch lags behind their current weights (§7b); absent: fresh.
     """
 
     source_token_logps: dict[str, list[torch.Tensor]] = field(default_factory=dict)
     learner_old_on_others: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
     reference_on_self: dict[str, list[torch.Tensor]] = field(default_factory=dict)
+    behaviour_on_self: dict[str, torch.Tensor] = field(default_factory=dict)  # agent → [P·G] Σ log π_behav (§7b)
 
 
 def _per_sequence(out: LogProbOutput) -> list[torch.Tensor]:
@@ -165,6 +168,32 @@ def _own_pass(rt: AgentRuntime, views: list[LearnerView], algorithm: Algorithm, 
     return found
 
 
+def behaviour_logprobs(runtimes: list[AgentRuntime], prompts: list[PromptRecord],
+                       completions: dict[str, list[list[Completion]]], exchange: Exchange, versions: dict[str, int],
+                       current: int, temperature: float, max_response_len: int) -> dict[str, list[float]]:
+    """Σ log π_behav of each agent's own responses under the weight snapshot that sampled them
+    (docs/algorithm.md §7b), for the agents whose ``versions`` lag behind ``current``: name → [P·G]
+    (0 for a view with no response token). Agents whose trainers run elsewhere compute at once."""
+    stale = [rt for rt in runtimes if versions[rt.name] < current]
+
+    def one(rt: AgentRuntime) -> list[float]:
+        trajs = [Trajectory.from_completion(c, prompt_id=p.id, source=rt.name, prompt_text=p.question, reward=0.0,
+                                            max_response_len=max_response_len)
+                 for p, group in zip(prompts, completions[rt.name]) for c in group]
+        views = exchange.views(rt.name, trajs, prompt_id_map(rt, prompts), record_stats=False)
+        keep = [i for i, v in enumerate(views) if v.response_len > 0]
+        sums = [0.0] * len(views)
+        if keep:
+            found, _ = rt.agent.sequence_logprobs_at(versions[rt.name], views_to_batch([views[i] for i in keep]),
+                                                     temperature)
+            for i, value in zip(keep, found.tolist()):
+                sums[i] = float(value)
+        return sums
+
+    done = for_each(stale, one, lambda rt: runs_in_process(rt.agent))
+    return {rt.name: sums for rt, sums in zip(stale, done)}
+
+
 def _scatter(values: list[torch.Tensor], keep: list[int], size: int) -> list[torch.Tensor]:
     """``values`` of the non-empty views at positions ``keep``; an empty [0] tensor for the others."""
     out = [torch.zeros(0)] * size
@@ -220,7 +249,8 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
                                             "source_logp_sum": [], "source_len": [], "source_index": [],
-                                            "cross_center": [], "learner_old_logp_sum": []}
+                                            "cross_center": [], "learner_old_logp_sum": [], "behaviour_log_ratio": []}
+    behaviour = data.passes.behaviour_on_self  # §7b: batches older than the learners' weights
     old_tokens: list[torch.Tensor] = []
     ref_tokens: list[torch.Tensor] = []  # the KL's reference on self rows; cross rows stay empty (zeros once padded)
     for pos, src in enumerate(sources):
@@ -229,11 +259,20 @@ def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData
         parts["advantages"].append(adv[:, pos, :].reshape(-1).float())
         parts["is_self"].append(torch.full((len(src_trajs),), src.index == rt.index))
         parts["discrepancy"].append(torch.full((len(src_trajs),), float(omega[src.index, rt.index])))
-        parts["source_logp_sum"].append(torch.tensor([t.source_logp_sum for t in src_trajs]))
+        proximal = torch.tensor([t.source_logp_sum for t in src_trajs])
+        lens = torch.tensor([t.source_len for t in src_trajs], dtype=torch.long)
+        behav = behaviour.get(src.name)
+        if behaviour:  # a self row keeps π_prox and is weighted by π_prox/π_behav; a cross row's ratio is to π_behav
+            log_w = (proximal.double() - behav) / lens.clamp(min=1) if behav is not None else torch.zeros(len(lens))
+            parts["behaviour_log_ratio"].append(log_w.double() if src.index == rt.index
+                                                else torch.zeros(len(lens), dtype=torch.float64))
+            if behav is not None and src.index != rt.index:
+                proximal = behav.to(proximal.dtype)
+        parts["source_logp_sum"].append(proximal)
         if passes.learner_old_on_others:  # a self response's π_old is the learner's own
             parts["learner_old_logp_sum"].append(parts["source_logp_sum"][-1].double() if src.index == rt.index
                                                  else _learner_old_logps(data, rt.name, src.name))
-        parts["source_len"].append(torch.tensor([t.source_len for t in src_trajs], dtype=torch.long))
+        parts["source_len"].append(lens)
         parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
         parts["cross_center"].append(torch.full((len(src_trajs),), center, dtype=torch.float64))
