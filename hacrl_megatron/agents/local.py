@@ -58,6 +58,16 @@ def _finalize_grads(model_chunks: list, num_tokens: Any = None, *args: Any, **kw
     finalize_model_grads(model_chunks, None)
 
 
+def _experts_in_expert_buffers(model: Any) -> None:
+    """Expert weights reduced over the expert-data-parallel group at EP = 1 too, as megatron-core does
+    only at EP > 1 (``allreduce=False``). At EP = 1 with ETP = TP that group holds the same ranks as
+    data parallelism, so the gradients are the same; the optimizer is then always megatron's chained
+    dense + expert optimizer, whose checkpoint loads at any EP (a plain one's does not)."""
+    for name, param in model.named_parameters():
+        if ".mlp.experts." in name:
+            param.allreduce = False
+
+
 def _resolve_spec(agent_cfg: AgentConfig, vocab_size: int | None, hf_checkpoint: Any,
                   hf_config: Any) -> tuple[ArchSpec, Any, Any]:
     """(ArchSpec, HF config, weight source or None) from the agent config and optional HF inputs.
@@ -177,6 +187,8 @@ class LocalAgent:
 
         config = model.config
         config.finalize_model_grads_func = _finalize_grads
+        if self.spec.is_moe:
+            _experts_in_expert_buffers(model)
         ddp = DistributedDataParallel(
             config=config,
             ddp_config=DistributedDataParallelConfig(

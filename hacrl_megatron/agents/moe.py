@@ -46,6 +46,19 @@ def _scales_by_tp() -> tuple[bool, bool]:
     return aux, "num_local_tokens * self.tp_cp_group.size()" in z_src
 
 
+def _reset_megatron_tracker() -> None:
+    """Empty megatron-core's process-global aux-loss tracker (entries and their per-layer tensors).
+
+    It is sized by the first model that writes to it, so a second MoE agent with more layers in the
+    same process would index past it; every update starts and ends with it empty (we log our own)."""
+    from megatron.core.transformer.moe import moe_utils
+
+    if hasattr(moe_utils, "get_moe_metrics_tracker"):  # megatron-core >= 0.17
+        moe_utils.get_moe_metrics_tracker().metrics.clear()
+    else:
+        moe_utils.get_moe_layer_wise_logging_tracker().clear()
+
+
 def routers(model: torch.nn.Module) -> list[Any]:
     """The model's ``TopKRouter`` modules in layer order."""
     from megatron.core.transformer.moe.router import TopKRouter
@@ -93,10 +106,12 @@ class RouterLosses:
         self.config.moe_z_loss_coeff = self.z_coeff / tokens * (1 if z_by_tp else self.tp) if self.z_coeff else None
         self._sums.zero_()
         out: dict[str, float] = {}
+        _reset_megatron_tracker()
         try:
             yield out
         finally:
             self.config.moe_aux_loss_coeff, self.config.moe_z_loss_coeff = self.aux_coeff, self.z_coeff or None
+            _reset_megatron_tracker()
         sums = self._sums.clone()
         if self.group is not None:
             torch.distributed.all_reduce(sums, group=self.group)

@@ -99,6 +99,8 @@ def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
         raise ConfigError(f"{path}.parallel.ep={p.ep!r}: {err}") from None
     _rule(moe or (p.ep, p.etp) == (1, 1), f"{path}.parallel.ep", (p.ep, p.etp),
           f"expert parallelism (ep, etp) needs a Mixture-of-Experts arch {list(MOE_ARCHS)}, model.arch={m.arch!r}")
+    _rule(not moe or p.ep > 1 or p.etp == p.tp, f"{path}.parallel.etp", p.etp,
+          f"with ep=1 the experts must be split like attention: set etp = tp = {p.tp} (or ep > 1)")
     _rule(not moe or p.tp == 1 or p.sequence_parallel, f"{path}.parallel.sequence_parallel", p.sequence_parallel,
           f"MoE layers with tp={p.tp} > 1 need sequence parallelism (megatron-core routes each rank's slice of "
           "the sequence): set parallel.sequence_parallel: true")

@@ -442,7 +442,7 @@ def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.T
     for owner, name, expert in _export_order(spec, model, pp, ep):
         holder = 0 if expert is None else expert // (spec.num_experts // ep)  # EP rank holding the expert
         plan = plan_for(spec, name, layer_offset(spec, owner, pp), holder * (spec.num_experts // ep))
-        if owner == stage and holder == ep_rank:
+        if owner == stage and (expert is None or holder == ep_rank):
             local = params[name].detach()
             if plan.split == "etp":
                 shards = _gather(local, etp, mpu.get_expert_tensor_parallel_group() if etp > 1 else None)

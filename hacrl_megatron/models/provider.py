@@ -265,6 +265,9 @@ def validate_layout(spec: ArchSpec, tp: int, pp: int, ep: int = 1, etp: int = 1)
         return
     if spec.num_experts % ep:
         raise ParallelLayoutError(f"ep={ep} does not divide num_experts={spec.num_experts} ({spec.arch})")
+    if ep == 1 and etp != tp:  # megatron-core reduces non-expert-parallel experts with the dense parameters
+        raise ParallelLayoutError(f"ep=1 needs etp = tp = {tp} (got etp={etp}): without expert parallelism the experts "
+                                  "are split like attention")
     if spec.moe_ffn_hidden_size % etp:
         raise ParallelLayoutError(f"etp={etp} does not divide the expert FFN width {spec.moe_ffn_hidden_size}")
     if spec.shared_expert_ffn_hidden_size % tp:

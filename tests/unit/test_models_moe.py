@@ -109,7 +109,9 @@ def test_moe_layout_rules():
     with pytest.raises(ParallelLayoutError, match="ep=3 does not divide num_experts=4"):
         validate_layout(spec, 1, 1, ep=3)
     with pytest.raises(ParallelLayoutError, match="etp=3 does not divide the expert FFN width 16"):
-        validate_layout(spec, 1, 1, etp=3)
+        validate_layout(spec, 1, 1, ep=2, etp=3)
+    with pytest.raises(ParallelLayoutError, match="ep=1 needs etp = tp = 2"):
+        validate_layout(spec, 2, 1, ep=1, etp=1)
     init_parallel(1, 1, 1)
     with pytest.raises(ParallelLayoutError, match="needs sequence_parallel=True"):
-        build_gpt_model(spec, 2, 1, meta_rank=(0, 0))
+        build_gpt_model(spec, 2, 1, etp=2, meta_rank=(0, 0))
