@@ -351,6 +351,8 @@ def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | 
                 f"agents.{i}.parallel.sequence_parallel={str(lay.sequence_parallel).lower()}",
                 f"agents.{i}.parallel.use_distributed_optimizer={str(lay.distributed_optimizer).lower()}",
                 f"agents.{i}.parallel.recompute={lay.recompute}"]
+        if p.spec.is_moe:
+            out += [f"agents.{i}.parallel.ep={lay.ep}", f"agents.{i}.parallel.etp={lay.etp}"]
         if agent.workers == "local" and lay.gpus > 1:
             out.append(f"agents.{i}.workers=auto")
         if choice is not None:

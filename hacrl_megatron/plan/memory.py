@@ -3,22 +3,27 @@
 Model state (Megatron's accounting, mixed precision with Adam): bf16 weights 2 B/param, fp32 main
 gradients 4 B/param (our DDP reduces gradients in fp32), fp32 master weights + Adam moments
 12 B/param; 18 B/param in all, or ``6 + 12/DP`` when the distributed optimizer shards the 12 over
-the data-parallel ranks. fp32 models (the CPU demo) have no master copy: 4 + 4 + 8/DP.
+the data-parallel ranks. fp32 models (the CPU demo) have no master copy: 4 + 4 + 8/DP. An MoE
+model's routed experts are sharded by the distributed optimizer over the expert-data-parallel group
+instead, ``EDP = tp·dp / (ep·etp)`` ranks (each expert shard has that many replicas).
 
 Activations: Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4 and Table 2, with the layer's
 tensors counted for its real shapes (SwiGLU, grouped-query attention, no dropout) by the same
 method; for the GPT-3 shape (4h GeLU MLP, full multi-head attention, dropout, eager attention)
 :func:`layer_activation_bytes` gives the paper's Table 2 exactly. With 1F1B pipelining, stage ``i``
 of ``p`` keeps ``min(p − i, micro-batches)`` micro-batches in flight (Sec. 4.2.3: the first stage
-holds ``p``).
+holds ``p``). MoE layers keep, per token, the ``k`` routed copies of the expert input and the
+experts' inner tensors at width ``k·f_e / etp`` (balanced routing: each expert-parallel rank
+receives as many token copies as it sends), plus the router's fp32 probabilities ``4·E`` bytes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
 from hacrl_megatron.models.provider import RECOMPUTE, ArchSpec
-from hacrl_megatron.plan.params import stage_params
+from hacrl_megatron.plan.params import stage_param_split
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0  # CUDA context, NCCL buffers, allocator fragmentation, per trainer GPU
@@ -39,6 +44,8 @@ class Layout:
     recompute: str = "full"  # none | selective | full
     distributed_optimizer: bool = True
     grad_dtype: str = "float32"  # main gradients: float32 (ours: grad_reduce_in_fp32) | bfloat16
+    ep: int = 1  # expert parallel (MoE): experts over ep of the tp·dp ranks of a stage
+    etp: int = 1  # expert tensor parallel
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
@@ -47,6 +54,15 @@ class Layout:
             raise ValueError(f"grad_dtype={self.grad_dtype!r}: must be float32 or bfloat16")
         if min(self.tp, self.pp, self.dp) < 1:
             raise ValueError(f"tp={self.tp}, pp={self.pp}, dp={self.dp}: sizes must be >= 1")
+        try:
+            expert_data_parallel(self.tp, self.dp, self.ep, self.etp)
+        except LayoutError as err:
+            raise ValueError(str(err)) from None
+
+    @property
+    def expert_dp(self) -> int:
+        """Expert-data-parallel size tp·dp / (ep·etp)."""
+        return self.tp * self.dp // (self.ep * self.etp)
 
     @property
     def gpus(self) -> int:
@@ -123,10 +139,17 @@ def layer_activation_bytes(*, s: int, b: int, h: int, a: int, q: int, kv: int, f
 
 
 def _layer_bytes(spec: ArchSpec, layout: Layout, work: Workload, recompute: str) -> float:
-    return layer_activation_bytes(
+    f = spec.ffn_hidden_size
+    if spec.is_moe:  # the TP-split width whose /t equals k·f_e/etp (experts) + f_s/tp (shared expert)
+        f = spec.moe_topk * spec.moe_ffn_hidden_size * layout.tp / layout.etp + spec.shared_expert_ffn_hidden_size
+    out = layer_activation_bytes(
         s=work.seq_len, b=work.micro_batch, h=spec.hidden_size, a=spec.num_heads, q=spec.num_heads * spec.head_dim,
-        kv=spec.num_kv_heads * spec.head_dim, f=spec.ffn_hidden_size, t=layout.tp, sp=layout.sequence_parallel,
+        kv=spec.num_kv_heads * spec.head_dim, f=f, t=layout.tp, sp=layout.sequence_parallel,
         recompute=recompute, flash=work.flash_attention, qk_norm=spec.qk_norm)
+    if spec.is_moe and recompute != "full":  # routed copies of the expert input, router probabilities
+        tokens = work.seq_len * work.micro_batch / (layout.tp if layout.sequence_parallel else 1)
+        out += tokens * (2 * (spec.moe_topk - 1) * spec.hidden_size + 4 * spec.num_experts)
+    return out
 
 
 def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, fused: bool) -> float:
@@ -155,22 +178,27 @@ def model_state_bytes(params: int, dp: int, distributed_optimizer: bool, dtype: 
 
 def trainer_memory(spec: ArchSpec, layout: Layout, work: Workload) -> list[StageMemory]:
     """:class:`StageMemory` of every pipeline stage (raises ParallelLayoutError for bad layouts)."""
-    per_stage = stage_params(spec, layout.tp, layout.pp)
-    layers = spec.num_layers // layout.pp
+    per_stage = stage_param_split(spec, layout.tp, layout.pp, ep=layout.ep, etp=layout.etp)
+    stage_layers = pipeline_layers(spec.num_layers, layout.pp)
     layer = _layer_bytes(spec, layout, work, layout.recompute)
     # full recompute re-materialises one layer of one micro-batch at a time in backward
     working = _layer_bytes(spec, layout, work, "selective") if layout.recompute == "full" else 0.0
     out = []
-    for i, params in enumerate(per_stage):
+    for i, (dense, experts) in enumerate(per_stage):
+        params = dense + experts
         in_flight = min(layout.pp - i, work.microbatches)
-        act = layers * layer * in_flight + working
+        act = stage_layers[i] * layer * in_flight + working
         avoided = 0.0
         if i == layout.pp - 1:
             act += logits_bytes(spec, layout, work, work.fused_logprobs)
             if work.fused_logprobs:
                 avoided = logits_bytes(spec, layout, work, False) - logits_bytes(spec, layout, work, True)
-        weights, grads, optimizer = model_state_bytes(params, layout.dp, layout.distributed_optimizer, spec.dtype,
+        weights, grads, optimizer = model_state_bytes(dense, layout.dp, layout.distributed_optimizer, spec.dtype,
                                                       layout.grad_dtype)
+        if experts:  # the experts' optimizer state is sharded over the expert-data-parallel group
+            ew, eg, eo = model_state_bytes(experts, layout.expert_dp, layout.distributed_optimizer, spec.dtype,
+                                           layout.grad_dtype)
+            weights, grads, optimizer = weights + ew, grads + eg, optimizer + eo
         out.append(StageMemory(i, params, weights, grads, optimizer, act, avoided, OVERHEAD_GIB * GIB))
     return out
 

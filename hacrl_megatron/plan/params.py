@@ -10,7 +10,13 @@ build every stage on the ``meta`` device and compare). Per decoder layer, on one
   SwiGLU ``fc1`` ``2f·h / t``;
 * row-parallel (split over ``t``): attention output ``q·h / t``, ``fc2`` ``f·h / t``;
 
-with ``q = heads·d``, ``kv = kv_heads·d``. The first stage adds the vocab-parallel embedding
+with ``q = heads·d``, ``kv = kv_heads·d``. An MoE layer replaces the SwiGLU by a router ``E·h``
+replicated over TP (each TP rank routes its sequence-parallel slice with the whole router), the
+``E / ep`` experts of this expert-parallel rank, each ``3·h·f_e / etp`` (the expert tensor-parallel
+split), and for qwen2_moe a shared expert ``3·h·f_s / t`` (TP like a dense MLP) with its gate ``h``
+(replicated). Stages may hold uneven layer counts (``config/layout.pipeline_layers``).
+
+The first stage adds the vocab-parallel embedding
 ``V_pad·h / t``; the last adds the final norm ``h`` and the output layer ``V_pad·h / t`` (a tied
 model with one stage shares it; with several stages the last holds a copy). ``V_pad`` is the HF
 vocabulary rounded up to a multiple of ``tp`` (the provider's rule, ``vocab_divisible_by = 1``).
@@ -22,6 +28,7 @@ import json
 import os
 from dataclasses import dataclass
 
+from hacrl_megatron.config.layout import pipeline_layers
 from hacrl_megatron.models.provider import ArchSpec, arch_from_hf, validate_layout
 
 
@@ -38,44 +45,69 @@ class RankParams:
     tied_copy_extra: int  # a tied embedding's copy on the last stage when pp > 1 (V_pad·h)
 
 
-def layer_params(spec: ArchSpec, tp: int) -> tuple[int, int]:
+def layer_params(spec: ArchSpec, tp: int, ep: int = 1, etp: int = 1) -> tuple[int, int]:
     """(parameters of one decoder layer on one TP rank, of which replicated across TP)."""
+    dense, experts, replicated = layer_param_split(spec, tp, ep, etp)
+    return dense + experts, replicated
+
+
+def layer_param_split(spec: ArchSpec, tp: int, ep: int = 1, etp: int = 1) -> tuple[int, int, int]:
+    """(non-expert parameters of one layer on one rank, routed-expert parameters on it, the part of
+    the non-expert ones replicated across TP). The experts' optimizer state is sharded over the
+    expert-data-parallel group, the rest over data parallelism (plan/memory.py)."""
     h, d, f = spec.hidden_size, spec.head_dim, spec.ffn_hidden_size
     q, kv = spec.num_heads * d, spec.num_kv_heads * d
     replicated = 2 * h + (2 * d if spec.qk_norm else 0)
-    split = (q + 2 * kv) * h + q * h + 3 * f * h + ((q + 2 * kv) if spec.qkv_bias else 0)
-    return replicated + split // tp, replicated
+    split = (q + 2 * kv) * h + q * h + ((q + 2 * kv) if spec.qkv_bias else 0)
+    if not spec.is_moe:
+        return replicated + (split + 3 * f * h) // tp, 0, replicated
+    fs = spec.shared_expert_ffn_hidden_size
+    replicated += spec.num_experts * h + (h if fs else 0)  # router, shared-expert gate
+    experts = spec.num_experts // ep * 3 * h * spec.moe_ffn_hidden_size // etp
+    return replicated + (split + 3 * fs * h) // tp, experts, replicated
 
 
-def stage_params(spec: ArchSpec, tp: int, pp: int, vocab_divisible_by: int = 1) -> tuple[int, ...]:
-    """Parameters of one TP rank of each of the ``pp`` stages (raises ParallelLayoutError when
-    ``tp``/``pp`` do not divide heads, KV heads, FFN size or layers)."""
-    validate_layout(spec, tp, pp)
-    per_layer, _ = layer_params(spec, tp)
+def stage_param_split(spec: ArchSpec, tp: int, pp: int, vocab_divisible_by: int = 1, ep: int = 1,
+                      etp: int = 1) -> tuple[tuple[int, int], ...]:
+    """(non-expert, expert) parameters of one rank of each of the ``pp`` stages (raises
+    ParallelLayoutError when the layout does not fit heads, KV heads, FFN size, layers or experts)."""
+    validate_layout(spec, tp, pp, ep, etp)
+    dense, experts, _ = layer_param_split(spec, tp, ep, etp)
     vocab_rows = spec.padded_vocab_size(tp, vocab_divisible_by) // tp
     vocab = vocab_rows * spec.hidden_size
     counts = []
-    for stage in range(pp):
-        n = per_layer * (spec.num_layers // pp)
+    for stage, layers in enumerate(pipeline_layers(spec.num_layers, pp)):
+        n = dense * layers
         if stage == 0:
             n += vocab
         if stage == pp - 1:
             n += spec.hidden_size  # final norm
             if not spec.tie_embeddings or pp > 1:
                 n += vocab
-        counts.append(n)
+        counts.append((n, experts * layers))
     return tuple(counts)
 
 
-def rank_params(spec: ArchSpec, tp: int, pp: int, vocab_divisible_by: int = 1) -> RankParams:
-    """:class:`RankParams` of one replica; ``all_ranks == hf_total + the three extras`` exactly."""
-    per_stage = stage_params(spec, tp, pp, vocab_divisible_by)
-    _, replicated = layer_params(spec, tp)
+def stage_params(spec: ArchSpec, tp: int, pp: int, vocab_divisible_by: int = 1, ep: int = 1,
+                 etp: int = 1) -> tuple[int, ...]:
+    """Parameters of one rank of each of the ``pp`` stages (see :func:`stage_param_split`)."""
+    return tuple(d + e for d, e in stage_param_split(spec, tp, pp, vocab_divisible_by, ep, etp))
+
+
+def rank_params(spec: ArchSpec, tp: int, pp: int, vocab_divisible_by: int = 1, ep: int = 1,
+                etp: int = 1) -> RankParams:
+    """:class:`RankParams` of one replica; ``all_ranks == hf_total + the three extras`` exactly.
+
+    A replica is the ``tp`` ranks of every stage for the non-expert parameters and the ``ep·etp``
+    ranks that hold one copy of every expert."""
+    split = stage_param_split(spec, tp, pp, vocab_divisible_by, ep, etp)
+    per_stage = tuple(d + e for d, e in split)
+    _, replicated = layer_params(spec, tp, ep, etp)
     h = spec.hidden_size
     pad_rows = spec.padded_vocab_size(tp, vocab_divisible_by) - spec.vocab_size
     return RankParams(
         per_stage=per_stage,
-        all_ranks=tp * sum(per_stage),
+        all_ranks=tp * sum(d for d, _ in split) + ep * etp * sum(e for _, e in split),
         hf_total=spec.num_parameters(),
         tp_replicated_extra=(tp - 1) * (replicated * spec.num_layers + h),
         vocab_padding_extra=pad_rows * h * (1 if spec.tie_embeddings else 2),

@@ -86,7 +86,8 @@ def _gib(x: float) -> float:
 
 def layout_dict(layout: Layout) -> dict[str, Any]:
     return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
-            "recompute": layout.recompute, "distributed_optimizer": layout.distributed_optimizer}
+            "recompute": layout.recompute, "distributed_optimizer": layout.distributed_optimizer,
+            "ep": layout.ep, "etp": layout.etp}
 
 
 def agent_dict(p: AgentPlan, source: str | None = None) -> dict[str, Any]:
@@ -95,7 +96,7 @@ def agent_dict(p: AgentPlan, source: str | None = None) -> dict[str, Any]:
     memory = {k: terms[k] for k in ("weights", "grads", "optimizer", "activations", "engine")}
     memory["overhead"] = terms["overhead"]
     memory["total"] = _gib(p.peak.total)
-    rp = rank_params(p.spec, p.layout.tp, p.layout.pp)
+    rp = rank_params(p.spec, p.layout.tp, p.layout.pp, ep=p.layout.ep, etp=p.layout.etp)
     last = p.stages[-1]
     out: dict[str, Any] = {
         "name": p.name,

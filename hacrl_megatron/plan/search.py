@@ -18,6 +18,7 @@ import itertools
 import math
 from dataclasses import dataclass, field
 
+from hacrl_megatron.config.layout import LayoutError, pipeline_layers
 from hacrl_megatron.models.provider import ArchSpec, ParallelLayoutError
 from hacrl_megatron.plan.gpus import GPU
 from hacrl_megatron.plan.memory import (
@@ -212,16 +213,46 @@ def tp_options(spec: ArchSpec, cluster: Cluster) -> list[int]:
     return out
 
 
+def pp_options(spec: ArchSpec) -> list[int]:
+    """Pipeline sizes: the divisors of the layer count; for MoE models also the powers of two that
+    split the layers unevenly (Qwen3-235B-A22B's 94 layers over PP4: 23/24/24/23)."""
+    out = {p for p in range(1, spec.num_layers + 1) if spec.num_layers % p == 0}
+    if spec.is_moe:
+        for p in (2, 4, 8, 16, 32):
+            try:
+                pipeline_layers(spec.num_layers, p)
+                out.add(p)
+            except LayoutError:
+                pass
+    return sorted(out)
+
+
+def ep_options(spec: ArchSpec, tp: int, dp: int) -> list[tuple[int, int]]:
+    """(ep, etp) choices: dense models (1, 1); MoE models EP over powers of two that divide the
+    experts and the ``tp·dp`` ranks with ETP = 1, or EP = 1 with the experts split like attention."""
+    if not spec.is_moe:
+        return [(1, 1)]
+    out = [(1, tp)] if spec.moe_ffn_hidden_size % tp == 0 else []
+    ep = 2
+    while ep <= tp * dp and spec.num_experts % ep == 0:
+        if (tp * dp) % ep == 0:
+            out.append((ep, 1))
+        ep *= 2
+    return out
+
+
 def layouts(spec: ArchSpec, gpus: int, cluster: Cluster) -> list[Layout]:
     """Every trainer layout on exactly ``gpus`` GPUs (sequence parallel whenever tp > 1, the
-    distributed optimizer on: both only save memory)."""
+    distributed optimizer on: both only save memory; MoE models also over the expert layouts)."""
     out = []
     for tp in tp_options(spec, cluster):
-        for pp in (p for p in range(1, spec.num_layers + 1) if spec.num_layers % p == 0):
+        for pp in pp_options(spec):
             if gpus % (tp * pp):
                 continue
-            for recompute in ("none", "selective", "full"):
-                out.append(Layout(tp, pp, gpus // (tp * pp), tp > 1, recompute, True))
+            dp = gpus // (tp * pp)
+            for ep, etp in ep_options(spec, tp, dp):
+                for recompute in ("none", "selective", "full"):
+                    out.append(Layout(tp, pp, dp, tp > 1, recompute, True, ep=ep, etp=etp))
     return out
 
 
@@ -239,7 +270,7 @@ def _splits(gpus: int, cluster: Cluster, rollout: Rollout) -> list[tuple[int, in
 
 def _rank(p: AgentPlan) -> tuple:
     order = {"none": 0, "selective": 1, "full": 2}
-    return (p.seconds, p.peak.total, p.layout.pp, p.layout.tp, order[p.layout.recompute])
+    return (p.seconds, p.peak.total, p.layout.pp, p.layout.tp, order[p.layout.recompute], p.layout.ep)
 
 
 def shortfall(p: AgentPlan, cluster: Cluster) -> float:

@@ -80,8 +80,11 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
     sequences) and of training (``train_s``: forward, backward and, with full recompute, one more
     forward; with its components ``train_compute_s``, ``tp_comm_s``, ``dp_comm_s``), and the 1F1B
     bubble fraction. Tensor-parallel exchanges and the data-parallel gradient reduction are not
-    overlapped with compute (an upper bound); both passes pay the same pipeline bubble."""
-    n = spec.num_parameters()
+    overlapped with compute (an upper bound); both passes pay the same pipeline bubble. MoE models
+    count the FLOPs of the active parameters (one token's top-k experts) and add the expert-parallel
+    all-to-all (``ep_comm_s``: dispatch and combine of the k routed copies of every token's hidden state
+    in each forward and backward, the share (ep-1)/ep leaving the rank)."""
+    n = spec.active_parameters()
     tokens = tok.trained_sequences * tok.mean_seq(a)
     old_flops, train_flops = 2 * n, 6 * n + (2 * n if layout.recompute == "full" else 0)
     m = max(1, tok.trained_sequences // (tok.updates * layout.dp * tok.micro_batch))
@@ -93,13 +96,25 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
     old_passes, train_passes = 2, 2 + (2 if layout.recompute == "full" else 0) + 2
     per_pass = tokens / layout.dp * spec.num_layers / layout.pp * 2 * spec.hidden_size
     per_pass *= 2 * (layout.tp - 1) / layout.tp / (gpu.nvlink_gbps * 1e9 * a.link_efficiency)
-    # DP: reduce-scatter + all-gather of the fp32 gradients once per update (ring 2(d-1)/d)
-    per_gpu = n / (layout.tp * layout.pp)
-    link = gpu.nvlink_gbps if layout.gpus <= 8 else gpu.network_gbps
-    dp_comm = tok.updates * per_gpu * 4 * 2 * (layout.dp - 1) / layout.dp / (link * 1e9 * a.link_efficiency)
+    # DP: reduce-scatter + all-gather of the fp32 gradients once per update (ring 2(d-1)/d); MoE
+    # experts reduce over the expert-data-parallel group instead
+    rate = (gpu.nvlink_gbps if layout.gpus <= 8 else gpu.network_gbps) * 1e9 * a.link_efficiency
+    h = spec.hidden_size
+    experts = spec.num_layers * spec.num_experts * 3 * h * spec.moe_ffn_hidden_size if spec.is_moe else 0
+    dense, edp = spec.num_parameters() - experts, layout.expert_dp
+    dp_comm = tok.updates * 4 * 2 / rate * (dense / (layout.tp * layout.pp) * (layout.dp - 1) / layout.dp
+                                            + experts / (layout.ep * layout.etp * layout.pp) * (edp - 1) / edp)
+    # EP: each forward and backward dispatches and combines the k routed copies of every token (bf16)
+    per_a2a = 0.0
+    if spec.is_moe and layout.ep > 1:
+        ep_rate = (gpu.nvlink_gbps if layout.ep * layout.etp <= 8 else gpu.network_gbps) * 1e9 * a.link_efficiency
+        per_a2a = tokens / layout.dp * spec.num_layers / layout.pp * spec.moe_topk * 2 * h
+        per_a2a *= (layout.ep - 1) / layout.ep / ep_rate
+    old_ep, train_ep = 2 * per_a2a, 2 * per_a2a * (2 + (1 if layout.recompute == "full" else 0))
     compute, tp_comm = train_flops * per_flop, train_passes * per_pass
-    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass, "train_s": compute + tp_comm + dp_comm,
-            "train_compute_s": compute, "tp_comm_s": tp_comm, "dp_comm_s": dp_comm, "pipeline_bubble": bubble}
+    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass + old_ep,
+            "train_s": compute + tp_comm + dp_comm + train_ep, "train_compute_s": compute, "tp_comm_s": tp_comm,
+            "dp_comm_s": dp_comm, "ep_comm_s": train_ep, "pipeline_bubble": bubble}
 
 
 def rollout_seconds(spec: ArchSpec, eng: EngineMemory, engines: int, gpu: GPU, sequences: int, tok: Tokens,

@@ -114,3 +114,64 @@ def test_meta_rank_outside_layout_raises():
         build_gpt_model(spec, 8, 4, meta_rank=(8, 0))
     with pytest.raises(ParallelLayoutError, match="pp=63 cannot split num_layers=64"):
         build_gpt_model(spec, 8, 63, meta_rank=(0, 0))
+
+
+# --------------------------------------------------------------------------------------------
+# Mixture of Experts: attention and router replicated over TP, experts split over EP × ETP
+
+QWEN3_30B_A3B = {
+    "model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "hidden_act": "silu",
+    "attention_bias": False, "torch_dtype": "bfloat16",
+}
+QWEN3_235B_A22B = {**QWEN3_30B_A3B, "hidden_size": 4096, "intermediate_size": 12288, "moe_intermediate_size": 1536,
+                   "num_hidden_layers": 94, "num_attention_heads": 64}
+
+
+def moe_meta_counts(spec, tp: int, pp: int, ep: int, etp: int = 1, tp_rank: int = 0) -> list[int]:
+    counts = []
+    for stage in range(pp):
+        model = build_gpt_model(spec, tp, pp, ep=ep, etp=etp, sequence_parallel=tp > 1, meta_rank=(tp_rank, stage))
+        assert {p.device.type for p in model.parameters()} == {"meta"}
+        counts.append(sum(p.numel() for p in model.parameters()))
+    return counts
+
+
+def test_moe_parameter_totals():
+    """HF counts (total, and active: one token's top-k experts) of the published configurations."""
+    q30, q235 = arch_from_config(QWEN3_30B_A3B), arch_from_config(QWEN3_235B_A22B)
+    assert (q30.num_parameters(), q30.active_parameters()) == (30_532_122_624, 3_353_032_704)
+    assert (q235.num_parameters(), q235.active_parameters()) == (235_093_634_560, 22_190_763_520)
+
+
+@pytest.mark.parametrize("name,tp,pp,ep,expected", [
+    ("30b", 4, 4, 8, [1_043_581_952, 965_790_720, 965_790_720, 1_043_584_000]),
+    ("235b", 4, 2, 8, [15_211_958_016, 15_211_962_112]),
+    ("235b", 4, 4, 8, [7_523_596_032, 7_688_361_984, 7_688_361_984, 7_523_600_128]),  # 94 layers: 23/24/24/23
+])
+def test_moe_meta_counts_equal_analytic(name, tp, pp, ep, expected):
+    spec = arch_from_config({"30b": QWEN3_30B_A3B, "235b": QWEN3_235B_A22B}[name])
+    counts = moe_meta_counts(spec, tp, pp, ep, tp_rank=1)
+    assert counts == expected == list(stage_params(spec, tp, pp, ep=ep))
+    rp = rank_params(spec, tp, pp, ep=ep)
+    assert rp.all_ranks == rp.hf_total + rp.tp_replicated_extra + rp.vocab_padding_extra + rp.tied_copy_extra
+    h, d, e = spec.hidden_size, spec.head_dim, spec.num_experts
+    assert rp.tp_replicated_extra == (tp - 1) * ((2 * h + 2 * d + e * h) * spec.num_layers + h)  # norms, router
+
+
+def test_moe_meta_counts_with_expert_tensor_parallel_and_shared_expert():
+    """A qwen2_moe-shaped model (shared expert, QKV bias) with experts split over ETP too."""
+    cfg = {"model_type": "qwen2_moe", "architectures": ["Qwen2MoeForCausalLM"], "hidden_size": 256,
+           "intermediate_size": 512, "moe_intermediate_size": 128, "shared_expert_intermediate_size": 384,
+           "num_hidden_layers": 5, "num_attention_heads": 8, "num_key_value_heads": 4, "num_experts": 8,
+           "num_experts_per_tok": 2, "norm_topk_prob": False, "decoder_sparse_step": 1, "mlp_only_layers": [],
+           "vocab_size": 1001, "max_position_embeddings": 512, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+           "tie_word_embeddings": False, "hidden_act": "silu", "use_sliding_window": False}
+    spec = arch_from_config(cfg)
+    for tp, pp, ep, etp in [(1, 1, 1, 1), (2, 2, 2, 2), (2, 3, 4, 1), (4, 2, 2, 2)]:
+        assert moe_meta_counts(spec, tp, pp, ep, etp) == list(stage_params(spec, tp, pp, ep=ep, etp=etp)), (tp, pp, ep)
+        rp = rank_params(spec, tp, pp, ep=ep, etp=etp)
+        assert rp.all_ranks == rp.hf_total + rp.tp_replicated_extra + rp.vocab_padding_extra + rp.tied_copy_extra
