@@ -69,7 +69,7 @@ def score_pairs(run: loop.Run, prompts: int) -> list[dict[str, Any]]:
             trajs = data.trajectories[src.name]
             views = run.exchange.views(rt.name, trajs, ids, record_stats=False)
             keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
-            sums, lens = rt.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]),
+            sums, lens = rt.trainer.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]),
                                                     exp.rollout.temperature)
             for i, s_k, l_k in zip(keep, sums.tolist(), lens.tolist()):
                 t = trajs[i]

@@ -181,7 +181,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, runtimes, state: dict[st
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         for rt in runtimes:
-            rt.agent.save(str(tmp / "agents" / rt.name))
+            rt.trainer.save(str(tmp / "agents" / rt.name))
         torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
         write_manifest(tmp, step)
     except BaseException as err:  # torch's distributed-checkpoint writer raises a BaseException subclass
@@ -263,6 +263,6 @@ def load_checkpoint(path: str | os.PathLike, runtimes) -> dict[str, Any]:
         raise ValueError(f"{path}: checkpoint holds agents {saved}, this run has {names}")
     state = load_state_file(path / "state.pt")  # read first: a bad file fails before any agent changes
     for rt in runtimes:
-        rt.agent.load(str(agents_dir / rt.name))
+        rt.trainer.load(str(agents_dir / rt.name))
     set_rng_state(state["rng"])
     return state

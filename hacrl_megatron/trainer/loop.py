@@ -71,7 +71,7 @@ def setup(exp: ExperimentConfig) -> Run:
     runtimes = [build_runtime(exp, i, total_updates) for i in range(len(exp.agents))]
     if algorithm.passes.reference_on_self:  # the KL's frozen reference: the starting weights, before any resume
         for rt in runtimes:
-            rt.agent.keep_reference()
+            rt.trainer.keep_reference()
     r, h = exp.rollout, exp.hacpo
     exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
                         max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
@@ -106,8 +106,8 @@ def _next_rollout(run: Run, metrics: dict[str, float]) -> tuple[RolloutRecord, d
     window = _overlap_window(run.exp)
     if window:
         for rt in run.runtimes:
-            rt.agent.keep_version(run.step)
-            rt.agent.drop_versions(run.step - window)
+            rt.trainer.keep_version(run.step)
+            rt.trainer.drop_versions(run.step - window)
     record = run.source.next(run.step)
     if window:  # the synchronous loop's metrics stay as they were
         for name, version in record.versions.items():
@@ -134,7 +134,7 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
         batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, algorithm, centers)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index),
                                           exp.train.minibatch_order)
-        launched.append((rt, len(batch), rt.agent.train_async(minis, loss_fn, exp.rollout.temperature)))
+        launched.append((rt, len(batch), rt.trainer.train_async(minis, loss_fn, exp.rollout.temperature)))
     for rt, num_sequences, pending in launched:
         per_update = pending.result()
         for key in sorted({k for u in per_update for k in u}):  # per-pair keys exist only where the pair had samples
@@ -161,19 +161,19 @@ def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
     def sync(rt: AgentRuntime) -> dict[str, float]:
         rt.sync_weights()
         response = rt.tokenizer(response_text, add_special_tokens=False)["input_ids"]
-        metrics = {f"{rt.name}/sync_logp_diff": check_sync(rt.agent, rt.engine, rt.prompt_ids(probe.question), response)}
+        metrics = {f"{rt.name}/sync_logp_diff": check_sync(rt.trainer, rt.engine, rt.prompt_ids(probe.question), response)}
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
         metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
         for key, value in gen.items():  # per-engine counters of an SGLang pool ("engine0/tokens_per_s", ...)
             if "/" in key:
                 metrics[f"{rt.name}/rollout/{key}"] = float(value)
-        for key, value in rt.agent.stats().items():
+        for key, value in rt.trainer.stats().items():
             metrics[f"{rt.name}/trainer/{key}"] = float(value)
         return metrics
 
     out: dict[str, float] = {}
-    for metrics in for_each(run.runtimes, sync, lambda rt: runs_in_process(rt.agent, rt.engine)):
+    for metrics in for_each(run.runtimes, sync, lambda rt: runs_in_process(rt.trainer, rt.engine)):
         out.update(metrics)
     return out
 

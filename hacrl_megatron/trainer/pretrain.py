@@ -115,7 +115,7 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
     start, accuracy, step = time.time(), 0.0, 0
     while step < agent.warmup_sft_max_steps:
         batch = sft_batch(rt, task, task.sample(agent.warmup_sft_batch, offset=step * agent.warmup_sft_batch))
-        metrics = rt.agent.train([batch], sft_loss)[0]
+        metrics = rt.trainer.train([batch], sft_loss)[0]
         step += 1
         if step % EVAL_EVERY == 0 or step == agent.warmup_sft_max_steps:
             rt.sync_weights()

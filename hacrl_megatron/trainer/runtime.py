@@ -40,12 +40,14 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class AgentRuntime:
-    """Agent ``index``'s live pieces: its config, tokenizer, trainer and rollout engine."""
+    """Agent ``index`` as a whole: its config, tokenizer, **trainer** (the training side of the agent: an
+    ``agents.AgentHandle`` over its Megatron or HF model and optimizer, in this process or as Ray worker
+    groups) and **engine** (its rollout engine or pool of engine servers, ``rollout/``)."""
 
     index: int
     cfg: AgentConfig
     tokenizer: PreTrainedTokenizerBase
-    agent: AgentHandle
+    trainer: AgentHandle
     engine: TrainingEngine
     hf_config: PretrainedConfig | None = None  # the agent's transformers config (for HF exports)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
@@ -64,12 +66,12 @@ class AgentRuntime:
 
     def close(self) -> None:
         self.engine.close()  # SGLang servers and weight-sync groups
-        self.agent.close()  # Ray worker groups release their actors
+        self.trainer.close()  # Ray worker groups release their actors
 
     def sync_weights(self) -> int:
         """Push the trainer's HF-named weights into the rollout engine (docs/architecture.md, "Weight sync")."""
 
-        return sync_weights(self.agent, self.engine)
+        return sync_weights(self.trainer, self.engine)
 
 
 EXPECTED_CPU_WARNINGS = (
@@ -173,7 +175,7 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
     except BaseException:
         agent.close()  # a Ray agent's actors
         raise
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, agent=agent, engine=engine,
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine,
                         hf_config=model.config)
 
 
@@ -183,7 +185,7 @@ def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
     from hacrl_megatron.paths import atomic_save_dir
 
     tied = bool(getattr(rt.hf_config, "tie_word_embeddings", False))
-    stream = ((name, t) for name, t in rt.agent.export_hf_weights() if not (tied and name == "lm_head.weight"))
+    stream = ((name, t) for name, t in rt.trainer.export_hf_weights() if not (tied and name == "lm_head.weight"))
 
     def save(tmp: Path) -> None:
         save_hf_checkpoint(stream, rt.hf_config, str(tmp))

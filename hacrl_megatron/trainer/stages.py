@@ -134,7 +134,7 @@ def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchang
     passes = algorithm.passes
     views = {rt.name: exchange.views(rt.name, data.trajectories[rt.name], prompt_id_map(rt, data.prompts),
                                      record_stats=False) for rt in runtimes}
-    trainer_elsewhere = lambda rt: runs_in_process(rt.agent)  # noqa: E731
+    trainer_elsewhere = lambda rt: runs_in_process(rt.trainer)  # noqa: E731
     own = for_each(runtimes, lambda rt: _own_pass(rt, views[rt.name], algorithm, temperature), trainer_elsewhere)
     for rt, found in zip(runtimes, own):
         data.trajectories[rt.name] = [t.with_logp(s, n)
@@ -155,15 +155,15 @@ def _own_pass(rt: AgentRuntime, views: list[LearnerView], algorithm: Algorithm, 
     batch = views_to_batch([views[i] for i in keep])
     found = _OwnPass([0.0] * len(views), [0] * len(views))
     if algorithm.passes.source_token_logps:
-        out = rt.agent.token_logprobs(batch, temperature) if keep else None
+        out = rt.trainer.token_logprobs(batch, temperature) if keep else None
         found.token_logps = _scatter(_per_sequence(out) if out else [], keep, len(views))
         sums, lens = (out.seq_logp_sum, out.seq_len) if out else ([], [])
     else:
-        sums, lens = rt.agent.sequence_logprobs(batch, temperature) if keep else ([], [])
+        sums, lens = rt.trainer.sequence_logprobs(batch, temperature) if keep else ([], [])
     for i, s, n in zip(keep, sums, lens):
         found.sums[i], found.lens[i] = float(s), int(n)
     if algorithm.passes.reference_on_self:
-        ref = _per_sequence(rt.agent.reference_token_logprobs(batch, temperature)) if keep else []
+        ref = _per_sequence(rt.trainer.reference_token_logprobs(batch, temperature)) if keep else []
         found.reference = _scatter(ref, keep, len(views))
     return found
 
@@ -184,13 +184,13 @@ def behaviour_logprobs(runtimes: list[AgentRuntime], prompts: list[PromptRecord]
         keep = [i for i, v in enumerate(views) if v.response_len > 0]
         sums = [0.0] * len(views)
         if keep:
-            found, _ = rt.agent.sequence_logprobs_at(versions[rt.name], views_to_batch([views[i] for i in keep]),
+            found, _ = rt.trainer.sequence_logprobs_at(versions[rt.name], views_to_batch([views[i] for i in keep]),
                                                      temperature)
             for i, value in zip(keep, found.tolist()):
                 sums[i] = float(value)
         return sums
 
-    done = for_each(stale, one, lambda rt: runs_in_process(rt.agent))
+    done = for_each(stale, one, lambda rt: runs_in_process(rt.trainer))
     return {rt.name: sums for rt, sums in zip(stale, done)}
 
 
@@ -213,7 +213,7 @@ def learner_cross_logprobs(rt: AgentRuntime, runtimes: list[AgentRuntime], data:
     keep = [i for i, v in enumerate(views) if v.response_len > 0]
     sums = torch.zeros(len(views), dtype=torch.float64)
     if keep:
-        found, _ = rt.agent.sequence_logprobs(views_to_batch([views[i] for i in keep]), temperature)
+        found, _ = rt.trainer.sequence_logprobs(views_to_batch([views[i] for i in keep]), temperature)
         sums[torch.tensor(keep, dtype=torch.long)] = torch.as_tensor(found, dtype=torch.float64).cpu()
     counts = [len(data.trajectories[src.name]) for src in others]
     return {src.name: part for src, part in zip(others, torch.split(sums, counts))}

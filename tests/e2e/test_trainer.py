@@ -75,7 +75,7 @@ def split_run(exp, steps_before=2, steps_after=2):
 
 
 def exported(rt) -> dict[str, torch.Tensor]:
-    return {k: v.clone() for k, v in rt.agent.export_hf_weights()}
+    return {k: v.clone() for k, v in rt.trainer.export_hf_weights()}
 
 
 @pytest.mark.parametrize(
@@ -166,7 +166,7 @@ def test_full_train_writes_metrics_checkpoints_and_table(tmp_path, capsys):
         model = AutoModelForCausalLM.from_pretrained(folder)
         assert AutoTokenizer.from_pretrained(folder).encode("3+4") == rt.tokenizer.encode("3+4")
         prompt, response = rt.prompt_ids("3+4=?"), rt.tokenizer.encode("\\boxed{7}")
-        batch_sum, _ = rt.agent.sequence_logprobs(
+        batch_sum, _ = rt.trainer.sequence_logprobs(
             SequenceBatch((torch.tensor(prompt + response),), torch.tensor([len(prompt)])))
         assert hf_sequence_logprob(model, prompt, response) == pytest.approx(float(batch_sum[0]), abs=1e-4)
 
@@ -191,7 +191,7 @@ def test_sglang_engine_path_with_a_stand_in_server(tmp_path):
             loop.train_step(run)
         for rt in run.runtimes:
             assert rt.engine.weight_version == 2  # one disk sync per step
-            local = HFEngine(rt.agent.model, rt.tokenizer)
+            local = HFEngine(rt.trainer.model, rt.tokenizer)
             params = SamplingParams(n=1, temperature=0.0, max_new_tokens=6)
             prompt = [rt.prompt_ids("3+4=?")]
             assert rt.engine.generate(prompt, params)[0][0].token_ids == local.generate(prompt, params)[0][0].token_ids
@@ -227,7 +227,7 @@ def test_agents_start_from_an_hf_checkpoint_dir(tmp_path, backend):
     exp = tiny_exp(tmp_path, backend=backend)
     seed_run = loop.setup(dataclasses.replace(exp, agents=[dataclasses.replace(exp.agents[0], backend="hf"), exp.agents[1]]))
     saved = tmp_path / "init"
-    seed_run.runtimes[0].agent.model.save_pretrained(saved)
+    seed_run.runtimes[0].trainer.model.save_pretrained(saved)
     expected = exported(seed_run.runtimes[0])
     exp = dataclasses.replace(exp, agents=[dataclasses.replace(exp.agents[0], init_checkpoint=str(saved)), exp.agents[1]])
     run = loop.setup(exp)

@@ -61,10 +61,10 @@ def test_reference_weights_are_the_starting_weights_and_training_weights_come_ba
     assert any(not torch.equal(start[k], trained[k]) for k in start)  # the step changed the weights
     ids = tuple(torch.tensor(rt.prompt_ids("1+2") + [5, 6, 7]) for _ in range(2))
     batch = SequenceBatch(input_ids=ids, prompt_lens=torch.tensor([len(ids[0]) - 3] * 2))
-    ref = rt.agent.reference_token_logprobs(batch)
+    ref = rt.trainer.reference_token_logprobs(batch)
     after = exported(rt)
     assert all(torch.equal(trained[k], after[k]) for k in trained)  # swapped back bit for bit
-    assert not torch.equal(ref.token_logps, rt.agent.token_logprobs(batch).token_logps)
+    assert not torch.equal(ref.token_logps, rt.trainer.token_logprobs(batch).token_logps)
     for r in run.runtimes:
         r.close()
 

@@ -118,7 +118,7 @@ def test_decoupled_learner_batch_carries_the_learner_old_log_probs(tmp_path):
     views = run.exchange.views("llama", data.trajectories["qwen3"], stages.prompt_id_map(llama, prompts),
                                record_stats=False)
     keep = [i for i, v in enumerate(views) if v.response_len > 0]
-    fresh, _ = llama.agent.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]), temperature)
+    fresh, _ = llama.trainer.sequence_logprobs(stages.views_to_batch([views[i] for i in keep]), temperature)
     torch.testing.assert_close(inputs.learner_old_logp_sum[~own], torch.as_tensor(fresh, dtype=torch.float64))
     plain = stages.learner_batch(llama, run.runtimes, data, run.exchange, omega, clamp)
     assert plain.loss_inputs.learner_old_logp_sum is None

@@ -80,13 +80,13 @@ def test_injected_enospc_during_a_save_keeps_the_previous_checkpoint_and_the_run
         loop.train_step(run)
         loop._save(run)
         loop.train_step(run)
-        real_save = run.runtimes[1].agent.save
+        real_save = run.runtimes[1].trainer.save
 
         def save_then_disk_full(path):
             real_save(path)  # this agent's files land; the next write finds the disk full
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(run.runtimes[1].agent, "save", save_then_disk_full)
+        monkeypatch.setattr(run.runtimes[1].trainer, "save", save_then_disk_full)
         with pytest.raises(OutOfSpaceError) as info:
             loop._save(run)
     finally:
@@ -126,7 +126,7 @@ def megatron_writer_error(monkeypatch, run):
         worker = RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
         raise CheckpointException("write", {0: (worker, None)})
 
-    monkeypatch.setattr(run.runtimes[0].agent, "save", fail)
+    monkeypatch.setattr(run.runtimes[0].trainer, "save", fail)
 
 
 @pytest.mark.parametrize("writer", [torch_zip_writer_error, megatron_writer_error])

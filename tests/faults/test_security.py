@@ -67,7 +67,7 @@ def test_planted_optimizer_pt_of_an_hf_agent_runs_no_code(saved, tmp_path):
     run = start(exp)
     try:
         with pytest.raises(pickle.UnpicklingError):
-            run.runtimes[0].agent.load(str(agent_dir))
+            run.runtimes[0].trainer.load(str(agent_dir))
     finally:
         for rt in run.runtimes:
             rt.close()

@@ -111,10 +111,10 @@ def test_hf_engine_with_disk_sync_from_the_configuration(tmp_path):
     try:
         assert isinstance(rt.engine, EnginePool) and isinstance(rt.engine.transport, DiskTransport)
         assert [type(e).__name__ for e in rt.engine.engines] == ["HFEngine"]
-        assert rt.sync_weights() == len(list(rt.agent.export_hf_weights()))
+        assert rt.sync_weights() == len(list(rt.trainer.export_hf_weights()))
         assert (tmp_path / "run" / "engines" / rt.name / "synced" / "v1").is_dir()
         prompt, response = rt.prompt_ids("3+4=?"), rt.tokenizer.encode("\\boxed{7}")
-        assert check_sync(rt.agent, rt.engine, prompt, response) < 1e-4
+        assert check_sync(rt.trainer, rt.engine, prompt, response) < 1e-4
     finally:
         rt.close()
     default = build_runtime(load_config("cpu_demo", [f"output_dir={tmp_path / 'run2'}"]), 0, total_updates=1)
