@@ -5,6 +5,7 @@ Examples::
     hacrl convert --from-hf smollm2 --to-megatron ckpt/smollm2_tp2 --tp 2      # spawns 2 gloo ranks on CPU
     hacrl convert --from-hf ./pkg --gguf-file model.gguf --to-hf ./hf_model     # GGUF -> plain HF folder
     hacrl convert --from-megatron ckpt/smollm2_tp2 --to-hf ./smollm2_hf         # back, loadable by transformers
+    hacrl convert --from-hf ./qwen3_moe --to-megatron ckpt/moe_ep2 --ep 2      # MoE: experts over 2 ranks
 
 The model is built at ``--tp``/``--pp`` (spawning that many local processes unless the command runs
 under torchrun already), loaded tensor by tensor, and written out: as a model-only Megatron
@@ -61,6 +62,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     dst.add_argument("--to-hf", metavar="DIR", help="write config.json + safetensors (save_pretrained layout)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel size of the conversion world")
     p.add_argument("--pp", type=int, default=1, help="pipeline-parallel size of the conversion world")
+    p.add_argument("--ep", type=int, default=1, help="MoE: expert-parallel size (the world adds data-parallel "
+                   "ranks when ep·etp exceeds tp)")
+    p.add_argument("--etp", type=int, default=None, help="MoE: expert tensor-parallel size (default: tp when "
+                   "--ep is 1, else 1)")
     p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default=None,
                    help="parameter dtype (default: the source's)")
     p.add_argument("--max-shard-gb", type=float, default=2.0, help="safetensors shard size for --to-hf")
@@ -93,11 +98,16 @@ def main(args: argparse.Namespace) -> int:
     except OutputPathError as err:
         print(f"hacrl convert: {err}", file=sys.stderr)
         return 2
-    world = args.tp * args.pp
+    if args.ep < 1 or (args.etp is not None and args.etp < 1):
+        print(f"hacrl convert: --ep={args.ep} and --etp={args.etp} must be >= 1", file=sys.stderr)
+        return 2
+    _, _, dp = _expert_layout(vars(args))
+    world = args.tp * args.pp * dp
     t0 = time.perf_counter()
     if not args.gguf_file:  # fail before spawning: layout and source problems named up front
         try:
-            validate_layout(_source(vars(args))[0], args.tp, args.pp)
+            ep, etp, _ = _expert_layout(vars(args))
+            validate_layout(_source(vars(args))[0], args.tp, args.pp, ep, etp)
         except (ParallelLayoutError, UnsupportedModelError, CheckpointMismatchError, FileNotFoundError) as err:
             print(f"hacrl convert: {err}", file=sys.stderr)
             return 2
@@ -110,6 +120,17 @@ def main(args: argparse.Namespace) -> int:
     out = args.to_megatron or args.to_hf
     print(f"hacrl convert: wrote {out} in {time.perf_counter() - t0:.1f} s (tp={args.tp}, pp={args.pp})")
     return 0
+
+
+def _expert_layout(opts: dict) -> tuple[int, int, int]:
+    """(ep, etp, dp) of the conversion world: dp is the smallest data-parallel size whose tp·dp ranks
+    hold ep·etp expert shards (1 for dense models)."""
+    from hacrl_megatron.models.meta import default_dp
+
+    ep = int(opts.get("ep") or 1)
+    etp = opts.get("etp")
+    etp = int(etp) if etp is not None else (opts["tp"] if ep == 1 else 1)
+    return ep, etp, default_dp(opts["tp"], ep, etp)
 
 
 def _spawned(rank: int, world: int, init_file: str, opts: dict) -> None:
@@ -135,8 +156,10 @@ def _source(opts: dict) -> tuple[ArchSpec, Any, Any, str | None]:
 def convert_in_world(opts: dict) -> None:
     """Every rank: build the model at (tp, pp), load the source, write the destination."""
     spec, hf_config, source, megatron_dir = _source(opts)
-    init_parallel(opts["tp"], opts["pp"], 1)
-    model = build_gpt_model(spec, opts["tp"], opts["pp"], init_weights=False)  # every weight is loaded next
+    ep, etp, dp = _expert_layout(opts) if spec.is_moe else (1, 1, 1)
+    init_parallel(opts["tp"], opts["pp"], dp, ep=ep, etp=etp)
+    model = build_gpt_model(spec, opts["tp"], opts["pp"], ep=ep, etp=etp, init_weights=False,  # all loaded next
+                            sequence_parallel=spec.is_moe and opts["tp"] > 1)
     if source is not None:
         convert.load_hf_weights(model, spec, source)
     else:
