@@ -115,3 +115,22 @@ def test_moe_layout_rules():
     init_parallel(1, 1, 1)
     with pytest.raises(ParallelLayoutError, match="needs sequence_parallel=True"):
         build_gpt_model(spec, 2, 1, etp=2, meta_rank=(0, 0))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "mixtral"])
+def test_export_copied_into_a_transformers_model_by_name(tmp_path, arch):
+    """An export (per-expert names) reaches a transformers ≥ 5 model (fused experts) through
+    ``module_layout``: copied by parameter name, the model then computes the exporter's logits."""
+    from hacrl_megatron.models.convert_moe import module_layout
+
+    source = make_tiny_moe(arch, None, seed=8)
+    target = make_tiny_moe(arch, None, seed=9)
+    spec = arch_from_hf(source.config)
+    init_parallel(1, 1, 1)
+    model = build_gpt_model(spec)
+    convert.load_hf_weights(model, spec, in_memory_state(source))
+    params = dict(target.named_parameters())
+    with torch.no_grad():
+        for name, tensor in module_layout(convert.export_hf_weights(model, spec), target, spec):
+            params[name].copy_(tensor)
+        assert torch.equal(target(IDS).logits, source(IDS).logits)
