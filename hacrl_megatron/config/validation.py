@@ -178,6 +178,9 @@ def validate_vllm(cfg: ExperimentConfig) -> None:
     _rule(v.max_num_seqs >= 0, "rollout.vllm.max_num_seqs", v.max_num_seqs, "must be >= 0 (0: vLLM's default)")
     if cfg.rollout.engine != "vllm":
         return
+    _rule(cfg.rollout.weight_sync != "tensor" or v.tp == 1, "rollout.vllm.tp", v.tp,
+          "rollout.weight_sync=tensor (CUDA IPC) reaches the trainer's one GPU: each vLLM server needs tp=1 "
+          "(or use disk / distributed)")
     validate_vllm_python(v)
     for i, agent_cfg in enumerate(cfg.agents):
         ids = agent_cfg.rollout_gpu_ids

@@ -14,11 +14,15 @@ disk                   :class:`DiskWeightLoader`: ``update_weights_from_disk(fol
 tensor                 :class:`TensorWeightLoader`: ``tp_size``, ``update_weights_from_tensor(...)``
 distributed            :class:`BroadcastWeightLoader`: ``init/destroy_weights_update_group``,
                        ``update_weights_from_distributed(...)``, ``base_url``, ``tp_size``, ``detached()``
+vllm_nccl, vllm_ipc    :class:`WeightTransferReceiver`: vLLM's weight-transfer engine (``init_weight_transfer``,
+                       ``start_weight_update``, ``update_weights``, ``finish_weight_update``, ...); what
+                       ``distributed`` and ``tensor`` mean for a vLLM server
 =====================  ==========================================================================
 
 How a client carries an operation out (an HTTP route, a method call in this process) is the client's
 business: transports never see routes. :class:`~hacrl_megatron.rollout.sglang_engine.SGLangEngine`
-offers all three; :class:`~hacrl_megatron.rollout.hf_engine.HFEngine` (in this process) offers disk.
+offers all three; :class:`~hacrl_megatron.rollout.hf_engine.HFEngine` (in this process) offers disk;
+:class:`~hacrl_megatron.rollout.vllm_engine.VLLMEngine` offers disk and the weight-transfer receiver.
 A client's address (``base_url``) is whatever it was built with: a transport never assumes the engine
 runs on this host.
 
@@ -144,6 +148,44 @@ class BroadcastWeightLoader(Protocol):
         ...
 
     def detached(self) -> BroadcastWeightLoader:
+        """A copy of this client that pickles (no server process, no tokenizer), for the trainer's ranks."""
+        ...
+
+
+@runtime_checkable
+class WeightTransferReceiver(Protocol):
+    """A client whose server runs vLLM's weight-transfer engine (``sync/vllm_nccl.py``: NCCL broadcast;
+    ``sync/vllm_ipc.py``: CUDA IPC handles). One update is ``start_weight_update``, any number of
+    ``update_weights`` chunks, then ``finish_weight_update``: the server expects every weight in between."""
+
+    base_url: str  # where the engine is reached (the trainer's address towards it is derived from it)
+    tp_size: int  # the engine's ranks (each receives every tensor)
+
+    def health(self) -> bool:
+        """The engine answers now (checked before a transfer that would otherwise hang on it)."""
+        ...
+
+    def init_weight_transfer(self, init_info: dict[str, Any]) -> None:
+        """Open the server's weight-transfer engine with ``init_info`` (NCCL: blocks until the group is complete)."""
+        ...
+
+    def start_weight_update(self) -> None:
+        """Begin one update."""
+        ...
+
+    def update_weights(self, update_info: dict[str, Any]) -> None:
+        """Receive and load one chunk (names, dtype_names, shapes and the backend's handles)."""
+        ...
+
+    def finish_weight_update(self, version: int) -> None:
+        """End the update as weight version ``version`` (the server's caches dropped)."""
+        ...
+
+    def shutdown_weight_transfer(self) -> None:
+        """Close the weight-transfer engine (its process group); the server keeps serving."""
+        ...
+
+    def detached(self) -> WeightTransferReceiver:
         """A copy of this client that pickles (no server process, no tokenizer), for the trainer's ranks."""
         ...
 

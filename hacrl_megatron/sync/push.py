@@ -5,7 +5,8 @@ configuration names.
 to the engine's ``sync_from``: the in-process HF engine copies the tensors into its model
 (``rollout.weight_sync: inprocess``); an :class:`~hacrl_megatron.rollout.engine_pool.EnginePool`
 sends them through its transport, which :func:`make_transport` builds from ``rollout.weight_sync``
-(``auto`` resolved by the engine's section, :func:`resolve_weight_sync`).
+(``auto`` resolved by the engine's section, :func:`resolve_weight_sync`). A vLLM server takes
+``tensor`` and ``distributed`` through vLLM's own weight-transfer engine (``vllm_ipc``, ``vllm_nccl``).
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def make_transport(r: RolloutConfig, agent_name: str, sync_dir: Path | None, bas
         if sync_dir is None:
             raise ValueError(f"make_transport: rollout.weight_sync=disk for agent {agent_name!r} needs a sync_dir")
         return DiskTransport(sync_dir, base_model_dir)
+    if r.engine == "vllm" and mode in ("tensor", "distributed"):  # vLLM's own receivers, not SGLang's routes
+        from hacrl_megatron.sync.vllm_ipc import VLLMIPCTransport
+        from hacrl_megatron.sync.vllm_nccl import VLLMNCCLTransport
+
+        return VLLMIPCTransport(bucket) if mode == "tensor" else VLLMNCCLTransport(bucket, ranks=ranks)
     if mode == "tensor":
         return TensorTransport(bucket)
     if mode == "distributed":
