@@ -182,6 +182,15 @@ def _hf_path(value: str | None) -> str | None:
     return None if value in (None, "smollm2") else _optional_path(value)
 
 
+def _bind_host(value: str) -> str | None:
+    """An address a server can bind: empty (the node's own) or an ASCII host name / IP of at most 253 chars."""
+    if value == "":
+        return None
+    if len(value) > 253 or not value.isascii() or any(c.isspace() or c in "/:@" for c in value):
+        return "must be empty (the node's address) or a host name or IPv4 address (ASCII, at most 253 characters)"
+    return None
+
+
 def _wandb_project(value: str) -> str | None:
     return None if 0 < len(value) <= 128 else "must be 1 to 128 characters (wandb's limit)"
 
@@ -198,6 +207,7 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "agents.*.model.gguf_file": _optional_path,
     "rollout.sglang.python": _sglang_python,
     "rollout.vllm.python": _sglang_python,  # the same rule: empty (the fallbacks) or a usable path
+    "rollout.sglang.host": _bind_host,
     "checkpoint.dir": _optional_path,
     "log.wandb_project": _wandb_project,
 }

@@ -149,6 +149,11 @@ class SGLangConfig:
     # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
     python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g. the
     # image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
+    # local: each server a child process of the trainer on this host, bound to 127.0.0.1 | ray: each server owned
+    # by a Ray actor on a {GPU: tp} bundle of the cluster (any node), bound to that node's address
+    # (rollout/engine_actor.py; multi-node runs)
+    placement: str = "local"
+    host: str = ""  # bind address of ray-placed servers ("": the node's address as Ray knows it)
 
     def auto_weight_sync(self, colocate: bool) -> str:
         """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""

@@ -191,6 +191,10 @@ def validate_vllm(cfg: ExperimentConfig) -> None:
 def validate_rollout(cfg: ExperimentConfig) -> None:
     """``rollout.*``: the engine and its section (``rollout.hf``, ``rollout.sglang``), how weights
     reach it, sampling; and each agent's ``rollout_gpu_ids`` against the SGLang server size."""
+    _one_of("rollout.sglang.placement", cfg.rollout.sglang.placement, ("local", "ray"))
+    _rule(cfg.rollout.sglang.placement == "local" or not cfg.rollout.colocate, "rollout.sglang.placement",
+          cfg.rollout.sglang.placement, "colocated servers share the trainer's own GPUs; placement=ray puts them on "
+          "bundles of their own: use placement=local with rollout.colocate=true")
     r = cfg.rollout
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)

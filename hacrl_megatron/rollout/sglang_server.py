@@ -215,11 +215,20 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     extra = list(s.args)
     if r.colocate and MEMORY_SAVER_FLAG not in extra:
         extra.append(MEMORY_SAVER_FLAG)
-    servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
-                            extra_args=extra, log_path=root / f"server{k}.log", command=command,
-                            python=None if command else s.python or None)
-               for k, gpus in enumerate(gpu_groups(agent_cfg.rollout_gpu_ids, s.tp))]
-    start_all(servers)
+    groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp)
+    if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
+        from hacrl_megatron.rollout.engine_actor import start_remote_servers
+
+        kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
+                       log_path=str(root / f"server{k}.log"), command=command,
+                       python=None if command else s.python or None) for k in range(len(groups))]
+        servers = start_remote_servers(kwargs, s.tp, host=s.host)
+    else:
+        servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
+                                extra_args=extra, log_path=root / f"server{k}.log", command=command,
+                                python=None if command else s.python or None)
+                   for k, gpus in enumerate(groups)]
+        start_all(servers)
     clients = [SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=s.tp,
                             server=server, name=f"engine{k}") for k, server in enumerate(servers)]
     return StartedEngines(clients, model_dir=init_dir)

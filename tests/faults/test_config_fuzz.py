@@ -33,7 +33,7 @@ ENUMERATIONS = {"agents.*.backend", "agents.*.workers", "agents.*.model.arch", "
                 "agents.*.parallel.recompute", "rollout.engine", "rollout.eos_mode", "rollout.weight_sync",
                 "hacpo.algorithm", "hacpo.cross_clip_mode", "hacpo.cross_window", "train.lr_schedule",
                 "train.verifier_mode", "train.minibatch_order", "hacpo.kl_estimator", "data.task", "data.path",
-                "data.checker", "rollout.vllm.dtype"}
+                "data.checker", "rollout.vllm.dtype", "train.rollout_mode", "rollout.sglang.placement"}
 # hostile values inside their field's real range: each works (test_accepted_values_run_one_step)
 ACCEPTED = {
     "0": {"agents.0.model.num_experts", "agents.0.model.moe_ffn_hidden_size",
@@ -49,7 +49,7 @@ ACCEPTED = {
                       "hacpo.self_clip_high", "hacpo.grpo_clip_high", "hacpo.omega_max", "hacpo.max_reward",
                       "train.steps", "train.micro_batch_size", "train.grad_clip", "train.lr_warmup_steps",
                       "train.eval_every", "checkpoint.every", "checkpoint.keep", "log.every"},
-    '""': {"rollout.sglang.python", "rollout.vllm.python"},
+    '""': {"rollout.sglang.python", "rollout.vllm.python", "rollout.sglang.host"},
     NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "rollout.vllm.python",
                 "log.wandb_project"},
 }

@@ -1,0 +1,183 @@
+"""Engine servers as Ray actors on the cluster's nodes (``rollout.sglang.placement: ray``).
+
+On one host the trainer starts each SGLang server as its own child process on 127.0.0.1. On many
+hosts that cannot work: a server must run on a node with free GPUs, bind that node's address, and
+be reached by the controller and by the trainer ranks of another node. Here each server is owned by
+a :class:`ServerActor` placed on one bundle ``{GPU: tp, CPU: 1}`` of the agent's engine placement
+group (a bundle never spans nodes, so a whole engine sits on one node). The actor starts the server
+on its node with the GPUs Ray assigned it, bound to the node's address (``ray.util.
+get_node_ip_address()``, or ``rollout.sglang.host``), and reports its URL; the controller drives it
+over HTTP like any other server, and health checks, restarts and shutdown go through the actor
+(:class:`RemoteServer` has the lifecycle of an ``SGLangServer``, so ``SGLangEngine`` and the engine
+pool need no change). Ray is imported lazily: nothing here runs without a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Any
+
+ACTOR_CALL_TIMEOUT_S = 60.0
+
+
+class ServerActor:
+    """Owns one engine server on the node Ray placed it on (wrapped with ``ray.remote`` at run time).
+
+    server_kwargs: :class:`~hacrl_megatron.rollout.sglang_server.SGLangServer` arguments, less ``host`` and
+    ``gpu_ids`` (this node's address and the GPUs Ray assigned to this actor). host: bind address ("" =
+    the node's address as Ray knows it).
+    """
+
+    def __init__(self, server_kwargs: dict[str, Any], host: str = "") -> None:
+        import ray
+
+        from hacrl_megatron.rollout.sglang_server import SGLangServer
+
+        self.node_ip = host or ray.util.get_node_ip_address()
+        gpus = [int(g) for g in ray.get_gpu_ids()]
+        tp = int(server_kwargs.get("tp_size", 1))
+        # CUDA_VISIBLE_DEVICES for the server: Ray's GPU ids of this actor (it already set them for us);
+        # on a node without CUDA (tests with fake GPU resources) the environment is left alone
+        gpu_ids = gpus if len(gpus) == tp and _has_cuda() else None
+        self.server = SGLangServer(host=self.node_ip, gpu_ids=gpu_ids, **server_kwargs)
+
+    def start(self, timeout: float = 900.0) -> str:
+        return self.server.start(timeout=timeout)
+
+    def base_url(self) -> str:
+        return self.server.base_url
+
+    def is_running(self) -> bool:
+        return self.server.is_running()
+
+    def restart(self, timeout: float = 900.0) -> str:
+        return self.server.restart(timeout=timeout)
+
+    def stop(self) -> None:
+        self.server.stop()
+
+    def kill_server(self) -> int:
+        """SIGKILL the server's processes (fault injection: a GPU node losing its engine); returns the pid."""
+        proc = self.server.process
+        if proc is None:
+            return -1
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        return proc.pid
+
+    def node(self) -> dict[str, Any]:
+        import ray
+
+        return {"ip": self.node_ip, "node_id": ray.get_runtime_context().get_node_id(),
+                "gpus": [int(g) for g in ray.get_gpu_ids()]}
+
+
+def _has_cuda() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:  # pragma: no cover - torch is a dependency
+        return False
+
+
+class RemoteServer:
+    """The controller's handle on a :class:`ServerActor`: the lifecycle of an ``SGLangServer``."""
+
+    def __init__(self, actor: Any, base_url: str, tp_size: int, group: _Group | None = None) -> None:
+        self.actor = actor
+        self.base_url = base_url
+        self.tp_size = tp_size
+        self.restarts = 0
+        self._group = group
+
+    def _call(self, method: str, *args: Any, timeout: float = ACTOR_CALL_TIMEOUT_S) -> Any:
+        import ray
+
+        return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+
+    def is_running(self) -> bool:
+        """The server's process runs (False also when its actor or node is gone)."""
+        import ray
+
+        try:
+            return bool(self._call("is_running"))
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
+    def restart(self, timeout: float = 900.0) -> str:
+        """Start the server again through its actor, on the same node and port."""
+        url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+        if url != self.base_url:
+            raise RuntimeError(f"engine actor restarted its server at {url}, expected {self.base_url}")
+        self.restarts += 1
+        return url
+
+    def stop(self) -> None:
+        import ray
+
+        try:
+            self._call("stop")
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        ray.kill(self.actor)
+        if self._group is not None:
+            self._group.release_one()
+            self._group = None
+
+    def node(self) -> dict[str, Any]:
+        """The node the server runs on: its address, Ray node id and GPU ids."""
+        return self._call("node")
+
+    def kill_server(self) -> int:
+        """SIGKILL the server on its node (fault injection); the actor stays, so a restart goes through it."""
+        return self._call("kill_server")
+
+
+class _Group:
+    """An engine placement group shared by its servers; removed when the last of them stops."""
+
+    def __init__(self, group: Any, members: int) -> None:
+        self.group, self.remaining = group, members
+
+    def release_one(self) -> None:
+        import ray
+
+        self.remaining -= 1
+        if self.remaining == 0:
+            ray.util.remove_placement_group(self.group)
+
+
+def start_remote_servers(server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
+                         timeout: float = 900.0) -> list[RemoteServer]:
+    """One :class:`ServerActor` per entry of ``server_kwargs`` on its own ``{GPU: tp, CPU: 1}`` bundle of a
+    new placement group (SPREAD: engines on as many nodes as the cluster offers). Returns the handles,
+    in order, once every server answers; the group goes when the last of them stops. Joins the Ray
+    cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a new local one without it)."""
+    import ray
+    from ray.util.placement_group import placement_group
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+
+    bundles = [{"GPU": float(tp), "CPU": 1.0} for _ in server_kwargs]
+    group = placement_group(bundles, strategy="SPREAD")
+    if not group.wait(timeout_seconds=timeout):
+        ray.util.remove_placement_group(group)
+        raise RuntimeError(f"no room in the Ray cluster for {len(bundles)} engine(s) of {tp} GPU(s) each within "
+                           f"{timeout:.0f} s (ray.cluster_resources(): {ray.cluster_resources()})")
+    remote = ray.remote(ServerActor)
+    actors = [remote.options(num_gpus=tp, num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+                  placement_group=group, placement_group_bundle_index=i)).remote(kwargs, host)
+              for i, kwargs in enumerate(server_kwargs)]
+    try:
+        urls = ray.get([a.start.remote(timeout) for a in actors], timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+    except BaseException:
+        for a in actors:
+            ray.kill(a)
+        ray.util.remove_placement_group(group)
+        raise
+    shared = _Group(group, len(actors))
+    return [RemoteServer(a, url, tp, shared) for a, url in zip(actors, urls)]
