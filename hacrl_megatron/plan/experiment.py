@@ -120,7 +120,7 @@ def agent_works(cfg: ExperimentConfig) -> tuple[list[AgentWork], list[str]]:
         micro = max(1, tokens.trained_sequences // (t.mini_batches * t.micro_batch_size))
         work = Workload(seq_len=r.max_prompt_len + r.max_response_len, micro_batch=t.micro_batch_size,
                         microbatches=micro)
-        works.append(AgentWork(agent.name, spec, work, tokens))
+        works.append(AgentWork(agent.name, spec, work, tokens, agent.model.moe_routing_replay))
         sources.append(f"{agent.name}: {source}")
     return works, sources
 
@@ -308,7 +308,7 @@ def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, ass
         return best_for_agent(a, gpus, cluster, choice, assumptions, engine_gpus)
     from hacrl_megatron.plan.search import layouts
 
-    cands = [evaluate(a, lay, cluster, None, gpus=gpus) for lay in layouts(a.spec, gpus, cluster)]
+    cands = [evaluate(a, lay, cluster, None, gpus=gpus) for lay in layouts(a.spec, gpus, cluster, a.routing_replay)]
     fits = [p for p in cands if p.fits]
     key = lambda p: (p.seconds, p.peak.total)  # noqa: E731
     return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: shortfall(p, cluster)) if cands else None)

@@ -160,6 +160,11 @@ def render_text(obj: dict[str, Any]) -> str:
     for a in obj["agents"]:
         lines.append(f"{a['name']}: params per stage (one TP rank) {a['params_per_stage']}; HF total "
                      f"{a['params']['hf_total']:,}; padded vocab {a['params']['padded_vocab']}")
+        lay = a["layout"]
+        if lay["ep"] * lay["etp"] > 1:  # MoE: how the experts are laid out
+            edp = lay["tp"] * lay["dp"] // (lay["ep"] * lay["etp"])
+            lines.append(f"  experts: ep={lay['ep']} etp={lay['etp']}, expert-data-parallel {edp} (the experts' "
+                         "optimizer state is sharded over it)")
         lg = a["logits_gib"]
         lines.append(f"  fused log-prob kernel saves {lg['saved_by_fused_kernel']:.2f} GiB on the last stage "
                      f"({lg['last_stage_activations_with_materialised_logits']:.2f} -> "

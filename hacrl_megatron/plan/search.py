@@ -77,6 +77,7 @@ class AgentWork:
     spec: ArchSpec
     work: Workload
     tokens: Tokens
+    routing_replay: bool = False  # MoE routing replay: no full recompute with pp > 1 (config rule)
 
 
 @dataclass(frozen=True)
@@ -241,9 +242,10 @@ def ep_options(spec: ArchSpec, tp: int, dp: int) -> list[tuple[int, int]]:
     return out
 
 
-def layouts(spec: ArchSpec, gpus: int, cluster: Cluster) -> list[Layout]:
+def layouts(spec: ArchSpec, gpus: int, cluster: Cluster, routing_replay: bool = False) -> list[Layout]:
     """Every trainer layout on exactly ``gpus`` GPUs (sequence parallel whenever tp > 1, the
-    distributed optimizer on: both only save memory; MoE models also over the expert layouts)."""
+    distributed optimizer on: both only save memory; MoE models also over the expert layouts;
+    with routing replay never full recompute over several pipeline stages)."""
     out = []
     for tp in tp_options(spec, cluster):
         for pp in pp_options(spec):
@@ -252,6 +254,8 @@ def layouts(spec: ArchSpec, gpus: int, cluster: Cluster) -> list[Layout]:
             dp = gpus // (tp * pp)
             for ep, etp in ep_options(spec, tp, dp):
                 for recompute in ("none", "selective", "full"):
+                    if routing_replay and recompute == "full" and pp > 1:
+                        continue
                     out.append(Layout(tp, pp, dp, tp > 1, recompute, True, ep=ep, etp=etp))
     return out
 
@@ -294,7 +298,7 @@ def best_for_agent(a: AgentWork, gpus: int, cluster: Cluster, rollout: Rollout, 
     else:
         splits = _splits(gpus, cluster, rollout)
     for trainer, engine in splits:
-        for layout in layouts(a.spec, trainer, cluster):
+        for layout in layouts(a.spec, trainer, cluster, a.routing_replay):
             p = evaluate(a, layout, cluster, rollout, gpus=trainer + engine if engine_gpus is not None else gpus,
                          engine_gpus=engine, assumptions=assumptions)
             if p.fits and (best is None or _rank(p) < _rank(best)):
