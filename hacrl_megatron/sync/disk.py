@@ -9,6 +9,11 @@ reloaded by :meth:`DiskTransport.restore`). Cost: every step writes and reads th
 Each version goes to its own folder ``sync_dir/v<version>`` (written under a temporary name, then
 renamed), so a crash mid-write never leaves a half-written folder where a restarted server would
 read it; the previous folder is removed once every engine has loaded the new one.
+
+A model with tied embeddings (``tie_word_embeddings`` in the base folder's config) gets ``lm_head.weight``
+written beside ``model.embed_tokens.weight`` when the stream has only the embedding (a Megatron export
+sends the shared tensor once): vLLM 0.32's in-place reload leaves a tied LM head on its old values unless
+the folder holds it (measured: 0.4 nats off on a 9-token probe after one training step).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from hacrl_megatron.sync.base import NamedTensors, on_all, tensor_bytes
 
 # Files that make a weights folder a complete checkpoint (what a server loads) besides the safetensors.
 CONFIG_FILES = ("config.json", "generation_config.json")
+EMBEDDING, LM_HEAD = "model.embed_tokens.weight", "lm_head.weight"  # HF names of a tied pair
 
 
 class DiskTransport:
@@ -47,6 +53,13 @@ class DiskTransport:
         self.base_model_dir = None if base_model_dir is None else Path(base_model_dir)
         self.shard_bytes = shard_bytes
         self.current: Path | None = None
+        self.tied = self._tied_embeddings()
+
+    def _tied_embeddings(self) -> bool:
+        config = None if self.base_model_dir is None else self.base_model_dir / "config.json"
+        if config is None or not config.is_file():
+            return False
+        return bool(json.loads(config.read_text()).get("tie_word_embeddings", False))
 
     def folder(self, version: int) -> Path:
         return self.sync_dir / f"v{version}"
@@ -66,6 +79,7 @@ class DiskTransport:
         weight_map: dict[str, str] = {}
         shard: dict[str, torch.Tensor] = {}
         size, count, total = 0, 0, 0
+        embedding: torch.Tensor | None = None
 
         def flush() -> None:
             nonlocal shard, size
@@ -79,9 +93,14 @@ class DiskTransport:
             if any(t.untyped_storage().data_ptr() == s.untyped_storage().data_ptr() for s in shard.values()):
                 t = t.clone()  # tied weights (lm_head = embed): safetensors refuses shared storage
             shard[name] = t
+            if name == EMBEDDING and self.tied:
+                embedding = t
             size, count, total = size + tensor_bytes(t), count + 1, total + tensor_bytes(t)
             if size >= self.shard_bytes:
                 flush()
+        if embedding is not None and LM_HEAD not in weight_map and LM_HEAD not in shard:
+            shard[LM_HEAD] = embedding.clone()  # the tied head as its own tensor (module docstring)
+            total += tensor_bytes(embedding)
         if shard:
             flush()
         if count == 0:

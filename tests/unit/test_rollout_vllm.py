@@ -396,3 +396,29 @@ def test_dockerfile_builds_a_vllm_venv_only_when_asked():
     assert "/opt/vllm/bin/python -m pip uninstall -y torchvision torchaudio torchcodec" in run
     envs = [ins["value"] for ins in structure if ins["instruction"] == "ENV"]
     assert f"{VLLM_PYTHON_ENV}=/opt/vllm/bin/python" in envs
+
+
+def test_disk_folders_of_tied_models_hold_the_lm_head(tmp_path):
+    """vLLM's in-place reload keeps a tied LM head on its old values unless the folder holds it
+    (sync/disk.py); a Megatron export sends the shared tensor once, as the embedding."""
+    from safetensors.torch import load_file
+
+    embed, norm = torch.randn(5, 3), torch.ones(3)
+    for tied, stream, expect in [
+        (True, [("model.embed_tokens.weight", embed), ("model.norm.weight", norm)],
+         ["lm_head.weight", "model.embed_tokens.weight", "model.norm.weight"]),
+        (True, [("model.embed_tokens.weight", embed), ("lm_head.weight", embed)],
+         ["lm_head.weight", "model.embed_tokens.weight"]),
+        (False, [("model.embed_tokens.weight", embed), ("model.norm.weight", norm)],
+         ["model.embed_tokens.weight", "model.norm.weight"]),
+    ]:
+        base = tmp_path / f"base{tied}{len(expect)}"
+        base.mkdir()
+        (base / "config.json").write_text(json.dumps({"tie_word_embeddings": tied}))
+        transport = DiskTransport(tmp_path / f"sync{tied}{len(expect)}", base, shard_bytes=40)
+        folder, count = transport.write(iter(stream), 1)
+        tensors = {k: v for f in sorted(folder.glob("*.safetensors")) for k, v in load_file(f).items()}
+        index = json.loads((folder / "model.safetensors.index.json").read_text())["weight_map"]
+        assert count == len(stream) and sorted(tensors) == sorted(index) == expect
+        if tied:
+            assert torch.equal(tensors["lm_head.weight"], embed)
