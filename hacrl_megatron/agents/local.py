@@ -269,9 +269,16 @@ class LocalAgent:
         """No-grad per-token log π of the response tokens, packed (:class:`LogProbOutput`), on every rank.
 
         Each DP replica's last stage (TP rank 0) fills its slice of the sequences; one all-reduce
-        over the agent's world assembles the batch on every rank.
+        over the agent's world assembles the batch on every rank. A batch smaller than DP (the
+        post-sync probe is one sequence) is padded with copies of its last sequence: every replica
+        runs a forward (expert parallelism's all-to-all needs all of them).
         """
         enable_cpu_compat()
+        n = len(batch)
+        if n < self.info.dp:
+            out = self.token_logprobs(batch.select(list(range(n)) + [n - 1] * (self.info.dp - n)), temperature)
+            return LogProbOutput(token_logps=out.token_logps[: int(out.cu_seqlens[n])], cu_seqlens=out.cu_seqlens[: n + 1],
+                                 seq_logp_sum=out.seq_logp_sum[:n], seq_len=out.seq_len[:n])
         t0 = time.perf_counter()
         lens = batch.response_lens
         cu = torch.zeros(len(batch) + 1, dtype=torch.long)
@@ -356,6 +363,8 @@ class LocalAgent:
         (mean of ``loss_fn``'s metrics over micro-batches, plus ``loss``, ``grad_norm``, ``lr``)."""
         enable_cpu_compat()
         out, t0, tokens = [], time.perf_counter(), 0
+        if self._replay is not None:
+            self._record_missing_routes(mini_batches)
         for m, mini in enumerate(mini_batches):
             out.append(self._update(m, mini, loss_fn, temperature))
             tokens += mini.num_tokens()
@@ -363,6 +372,25 @@ class LocalAgent:
             self._replay.clear()
         self._stats["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
         return out
+
+    def _record_missing_routes(self, mini_batches: list[SequenceBatch]) -> None:
+        """Routing replay: the step's sequences that no π_old pass of this agent scored (the other
+        agents' responses: HACPO's cross ratio uses their authors' π_old) get their experts from one
+        no-grad pass now, before the first update, under the same π_old weights. Every rank finds the
+        same sequences (the routes are gathered over the agent's world)."""
+        known = self._replay.routes if self._replay.version == self.updates else {}
+        missing: dict[bytes, tuple[torch.Tensor, int]] = {}
+        for mini in mini_batches:
+            for ids, p in zip(mini.input_ids, mini.prompt_lens.tolist()):
+                key = ids.cpu().numpy().tobytes()
+                if key not in known:
+                    missing.setdefault(key, (ids, int(p)))
+        if not missing:
+            return
+        seqs = list(missing.values())
+        batch = SequenceBatch(input_ids=tuple(ids for ids, _ in seqs), prompt_lens=torch.tensor([p for _, p in seqs]))
+        self.token_logprobs(batch)
+        self._stats["routing_replay_extra_sequences"] = float(len(missing))
 
     def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn,
                     temperature: float = 1.0) -> CompletedResult[list[dict[str, float]]]:

@@ -22,7 +22,9 @@ indices; its instance list is process-global (``RouterReplay.global_router_repla
 two MoE agents in one process would mix their routers. :class:`RoutingReplay` takes this model's
 instances out of that list and drives them itself. Routes are kept per sequence (keyed by its
 token ids), gathered over sequence-parallel and data-parallel ranks, because the updates regroup the
-π_old pass's sequences into other micro-batches on other ranks.
+π_old pass's sequences into other micro-batches on other ranks. Sequences the agent's π_old pass did
+not score (other agents' responses) are scored once before the step's first update, with the same
+weights (agents/local.py), so every token of every update replays its π_old experts.
 """
 
 from __future__ import annotations

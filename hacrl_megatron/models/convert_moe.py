@@ -185,12 +185,15 @@ def fuse_experts(stream: Iterable[tuple[str, torch.Tensor]], spec: Any) -> Itera
 
 
 def module_layout(named: Iterable[tuple[str, torch.Tensor]], module: torch.nn.Module,
-                  spec: Any) -> Iterator[tuple[str, torch.Tensor]]:
+                  spec: Any = None) -> Iterator[tuple[str, torch.Tensor]]:
     """``named`` (an export, per-expert on-disk names) in the parameter names of ``module``: fused
     with :func:`fuse_experts` when ``module`` (a transformers ≥ 5 MoE model) holds fused expert
-    tensors, unchanged otherwise. What an in-process HF engine needs to copy an MoE export into
-    its model by name."""
-    names = {n for n, _ in module.named_parameters()}
-    if spec.is_moe and any(n.endswith("mlp.experts.gate_up_proj") for n in names):
-        return fuse_experts(named, spec)
-    return iter(named)
+    tensors, unchanged otherwise (dense models, per-expert modules). What an in-process HF engine
+    needs to copy an MoE export into its model by name; ``spec`` defaults to ``module.config``'s."""
+    if not any(n.endswith("mlp.experts.gate_up_proj") for n, _ in module.named_parameters()):
+        return iter(named)
+    if spec is None:
+        from hacrl_megatron.models.provider import arch_from_hf
+
+        spec = arch_from_hf(module.config)
+    return fuse_experts(named, spec)

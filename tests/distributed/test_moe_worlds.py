@@ -76,6 +76,7 @@ def _world(rank: int, layout: str, root: str) -> dict:
     _, _, tp, pp, dp, ep, etp, sp, _ = LAYOUTS[layout]
     refs = torch.load(os.path.join(root, f"refs_{layout}.pt"), weights_only=False)
     agent = _agent(layout, root, tp, pp, dp, ep, etp, sp)
+    probe, _ = agent.sequence_logprobs(_batch().select([1]), temperature=0.7)  # fewer sequences than DP ranks
     exported = dict(agent.export_hf_weights())
     saved = refs["saved"]
     identical = set(exported) == set(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
@@ -85,6 +86,7 @@ def _world(rank: int, layout: str, root: str) -> dict:
     return {
         "hf_logprob_err": float((lp - refs["hf_logprobs"]).abs().max()),
         "ep1_logprob_err": float((lp - refs["logprobs"]).abs().max()),
+        "probe_err": float((probe[0] - refs["logprobs"][1]).abs()),
         "export_identical": identical,
         "step_err": max(float((t - refs["stepped"][n]).abs().max()) for n, t in stepped.items()),
         "metrics": metrics,
@@ -116,6 +118,7 @@ def _check(layout: str, res: dict, root: str) -> None:
     refs = torch.load(os.path.join(root, f"refs_{layout}.pt"), weights_only=False)
     assert res["hf_logprob_err"] <= 1e-5, res
     assert res["ep1_logprob_err"] <= 1e-5, res
+    assert res["probe_err"] <= 1e-5, res
     assert res["export_identical"], layout
     assert res["step_err"] <= 1e-2 * LR, (layout, res["step_err"])  # Adam: ~lr per weight, 1% of it
     for got, want in zip(res["metrics"], refs["metrics"]):

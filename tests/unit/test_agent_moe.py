@@ -167,16 +167,47 @@ def test_routing_replay_keeps_the_pi_old_experts(hf_dir):
         h.remove()
     assert len(used) == 4 and all(same(a, b) for a, b in zip(used[2:], maps))
     assert replayed._replay.routes == {}  # used up by the step's updates
-    with pytest.raises(RoutingReplayError, match="no π_old pass recorded routes"):
-        replayed.train([batch], sft_loss)
+    # a step without a π_old pass of this agent: its routes come from one no-grad pass before update 1
+    seen = []
+    hooks = [r.register_forward_hook(lambda m, a, o: seen.append(o[1].detach().clone())) for r in routers(replayed.module)]
+    replayed.train([batch, batch], sft_loss)
+    for h in hooks:
+        h.remove()
+    assert len(seen) == 6 and all(same(a, b) for a, b in zip(seen[4:], seen[:2]))  # record, update 1, update 2
+    assert replayed.stats()["routing_replay_extra_sequences"] == 4.0
 
 
-def test_routing_replay_refuses_a_sequence_it_did_not_record(hf_dir):
+def test_routing_replay_scores_the_other_agents_responses_before_the_first_update(hf_dir):
+    """The π_old pass covers the agent's own responses; the others' (HACPO uses their authors' π_old)
+    are scored once at the start of train(), under the same weights, and replayed in their update."""
+    batch = sample_batch()
+    reference = _agent(hf_dir, name="r", mbs=2)
+    maps = []
+    hooks = [r.register_forward_hook(lambda m, a, o: maps.append(o[1].detach().clone())) for r in routers(reference.module)]
+    reference.token_logprobs(batch.select([2, 3]))  # π_old routing of the "cross" sequences
+    for h in hooks:
+        h.remove()
+    agent = _agent(hf_dir, mbs=2, lr=0.3, moe_routing_replay=True)
+    agent.token_logprobs(batch.select([0, 1]))  # own responses
+    used = []
+    hooks = [r.register_forward_hook(lambda m, a, o: used.append(o[1].detach().clone())) for r in routers(agent.module)]
+    agent.train([batch.select([0, 1]), batch.select([2, 3])], sft_loss)
+    for h in hooks:
+        h.remove()
+    assert agent.stats()["routing_replay_extra_sequences"] == 2.0
+    lens = torch.tensor([len(batch.input_ids[i]) for i in (2, 3)])
+    real = (torch.arange(int(lens.max()))[:, None] < lens[None, :]).reshape(-1)
+    assert len(used) == 6 and all(torch.equal(a[real], b[real]) for a, b in zip(used[4:], maps))
+
+
+def test_routing_replay_names_a_sequence_without_routes(hf_dir):
     agent = _agent(hf_dir, mbs=4, moe_routing_replay=True)
     batch = sample_batch()
     agent.token_logprobs(batch.select([0, 1]))
+    layout = agent._micro_layout(batch, 0)
     with pytest.raises(RoutingReplayError, match="no recorded experts for a training sequence of 9 tokens"):
-        agent.train([batch], sft_loss)
+        with agent._replay.replay(layout, agent.updates):
+            agent._replay._before_forward(agent.module, ())
 
 
 def test_two_moe_agents_in_one_process_keep_their_own_routes(hf_dir, tmp_path):
