@@ -20,6 +20,8 @@ CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo", "decoupled")
 CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")  # Mixture-of-Experts families (docs/moe.md)
+MOE_MODEL_FIELDS = ("num_experts", "moe_topk", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size", "norm_topk_prob",
+                    "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_routing_replay")  # ModelConfig's MoE-only fields
 DTYPES = ("float32", "bfloat16", "float16")
 ENGINES = ("hf", "sglang", "vllm")
 BACKENDS = ("megatron", "hf")

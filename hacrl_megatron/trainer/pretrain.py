@@ -31,6 +31,7 @@ import torch
 from hacrl_megatron.agents.batch import LogProbOutput, MiniBatchInfo, SequenceBatch
 from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
+from hacrl_megatron.config.schema import MOE_ARCHS, MOE_MODEL_FIELDS
 from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
 from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
 from hacrl_megatron.reward.custom import custom_score_fn
@@ -71,8 +72,11 @@ def warmup_key(exp: ExperimentConfig, index: int) -> str:
     as the RL learning rate or the rollout GPUs, so adding config fields never orphans a cache.
     """
     agent = exp.agents[index]
+    model = dataclasses.asdict(agent.model)
+    if agent.model.arch not in MOE_ARCHS:  # meaningless for dense models: their keys stay what they were
+        model = {k: v for k, v in model.items() if k not in MOE_MODEL_FIELDS}
     key = {
-        "model": dataclasses.asdict(agent.model), "tokenizer": agent.tokenizer,
+        "model": model, "tokenizer": agent.tokenizer,
         "prompt_template": agent.prompt_template, "backend": agent.backend,
         "sft": [agent.warmup_sft_lr, agent.warmup_sft_target, agent.warmup_sft_max_steps, agent.warmup_sft_batch],
         "task": [exp.data.task, exp.data.difficulty, exp.data.seed, exp.data.path],
