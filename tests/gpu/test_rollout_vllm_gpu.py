@@ -64,7 +64,9 @@ def model_dir(tmp_path_factory):
 
 def serve(model_dir, log, *, weight_sync: str, colocate: bool = False, gpu: int = 0) -> VLLMServer:
     v = VLLMConfig(gpu_memory_utilization=0.25, max_model_len=128, python=VLLM_PYTHON)
-    env = {**server_env(v, weight_sync=weight_sync), "NCCL_CUMEM_ENABLE": "0"}
+    # the server inherits this process's NCCL_* variables: vLLM builds the communicators it shares with the
+    # trainer under them (vllm/utils/nccl.py: unpinned_nccl_env), and peers with different ones hang
+    env = server_env(v, weight_sync=weight_sync)
     server = VLLMServer(model_dir, gpu_ids=[gpu], flags=server_flags(v, colocate=colocate, weight_sync=weight_sync),
                         env=env, log_path=log, python=VLLM_PYTHON)
     t0 = time.perf_counter()
