@@ -23,15 +23,6 @@ class MetaLayoutError(ValueError):
     """A meta build asked for a rank or sizes outside its layout."""
 
 
-def check_meta_rank(meta_rank: tuple[int, int], tp: int, pp: int) -> tuple[int, int]:
-    from hacrl_megatron.models.provider import ParallelLayoutError
-
-    tp_rank, pp_rank = (int(r) for r in meta_rank)
-    if not (0 <= tp_rank < tp and 0 <= pp_rank < pp):
-        raise ParallelLayoutError(f"meta_rank=(tp_rank={tp_rank}, pp_rank={pp_rank}) is outside tp={tp}, pp={pp}")
-    return tp_rank, pp_rank
-
-
 def _fake_group(rank: int, size: int) -> Any:
     """A torch ``FakeProcessGroup`` (the ``fake`` backend: sizes and ranks, collectives are no-ops)."""
     from torch._C._distributed_c10d import FakeProcessGroup

@@ -424,7 +424,7 @@ def build_gpt_model(
         first, last, context = mpu.is_pipeline_first_stage(), mpu.is_pipeline_last_stage(), contextlib.nullcontext()
         pp_rank = mpu.get_pipeline_model_parallel_rank()
     else:
-        tp_rank, pp_rank = meta.check_meta_rank(meta_rank, tp, pp)
+        tp_rank, pp_rank = _check_meta_rank(meta_rank, tp, pp)
         first, last = pp_rank == 0, pp_rank == pp - 1
         config.perform_initialization = False  # nothing to initialise on meta
         config.use_cpu_initialization = True  # no torch.cuda.current_device() placement
@@ -448,3 +448,10 @@ def build_gpt_model(
     if torch.cuda.is_available() and meta_rank is None:
         model.cuda(torch.cuda.current_device())
     return model
+
+
+def _check_meta_rank(meta_rank: tuple[int, int], tp: int, pp: int) -> tuple[int, int]:
+    tp_rank, pp_rank = (int(r) for r in meta_rank)
+    if not (0 <= tp_rank < tp and 0 <= pp_rank < pp):
+        raise ParallelLayoutError(f"meta_rank=(tp_rank={tp_rank}, pp_rank={pp_rank}) is outside tp={tp}, pp={pp}")
+    return tp_rank, pp_rank
