@@ -38,6 +38,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--tp", type=int, help="tensor-parallel size")
     m.add_argument("--pp", type=int, help="pipeline-parallel size")
     m.add_argument("--dp", type=int, help="data-parallel size")
+    m.add_argument("--ep", type=int, default=1, help="MoE: expert-parallel size (ep·etp must divide tp·dp)")
+    m.add_argument("--etp", type=int, default=None, help="MoE: expert tensor-parallel size (default: tp when "
+                   "--ep is 1, else 1)")
     m.add_argument("--recompute", choices=("none", "selective", "full"), default="full",
                    help="activation recompute (default full)")
     m.add_argument("--no-dist-opt", action="store_true", help="no distributed optimizer (12 B/param on every rank)")
@@ -136,8 +139,15 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
         raise _BadInput(f"model {name!r}: --sequence-parallel needs --tp > 1 (got {args.tp})")
     gpus_per_node = max(8, args.tp)
     cluster = _cluster(args, 1, gpus_per_node)
-    layout = Layout(args.tp, args.pp, args.dp, args.sequence_parallel, args.recompute, not args.no_dist_opt,
-                    args.grad_dtype)
+    ep = args.ep if spec.is_moe else 1
+    etp = (args.etp or (args.tp if ep == 1 else 1)) if spec.is_moe else 1
+    if not spec.is_moe and (args.ep != 1 or args.etp not in (None, 1)):
+        raise _BadInput(f"model {name!r}: --ep/--etp need a Mixture-of-Experts model, {spec.arch} is dense")
+    try:
+        layout = Layout(args.tp, args.pp, args.dp, args.sequence_parallel, args.recompute, not args.no_dist_opt,
+                        args.grad_dtype, ep=ep, etp=etp)
+    except ValueError as err:
+        raise _BadInput(f"model {name!r}: {err}") from None
     micro = max(1, args.global_batch // args.micro_batch_size)
     work = Workload(seq_len=args.seq_len, micro_batch=args.micro_batch_size, microbatches=micro)
     tokens = Tokens(prompts=args.global_batch, samples=1, agents=1, prompt_len=args.seq_len // 4,

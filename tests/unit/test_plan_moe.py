@@ -64,3 +64,20 @@ def test_expert_optimizer_state_is_sharded_over_expert_data_parallel():
     with pytest.raises(ValueError, match="ep·etp = 16·1 must divide tp·dp = 4·2"):
         Layout(4, 1, 2, True, "full", True, ep=16)
     assert stage.total / GIB < H100
+
+
+def test_plan_model_with_an_expert_layout(tmp_path, capsys):
+    import json
+
+    from hacrl_megatron.cli import main as hacrl
+
+    for name in ("Qwen3-30B-A3B", "Llama-3.1-8B-Instruct"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "config.json").write_text(json.dumps(KNOWN_CONFIGS[name]))
+    common = ["--tp", "4", "--pp", "4", "--dp", "2", "--sequence-parallel", "--gpu-memory-gib", str(H100)]
+    assert hacrl(["plan", "--model", str(tmp_path / "Qwen3-30B-A3B"), "--ep", "8", *common, "--json"]) == 0
+    (agent,) = json.loads(capsys.readouterr().out)["agents"]
+    assert agent["params_per_stage"] == [1_043_581_952, 965_790_720, 965_790_720, 1_043_584_000]
+    assert (agent["layout"]["ep"], agent["layout"]["etp"]) == (8, 1)
+    assert hacrl(["plan", "--model", str(tmp_path / "Llama-3.1-8B-Instruct"), "--ep", "2", *common]) == 2
+    assert "--ep/--etp need a Mixture-of-Experts model" in capsys.readouterr().err
