@@ -106,8 +106,10 @@ def main(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     if not args.gguf_file:  # fail before spawning: layout and source problems named up front
         try:
-            ep, etp, _ = _expert_layout(vars(args))
-            validate_layout(_source(vars(args))[0], args.tp, args.pp, ep, etp)
+            spec = _source(vars(args))[0]
+            moe_args = spec.is_moe or args.ep != 1 or args.etp is not None  # dense: refused only when asked for
+            ep, etp, _ = _expert_layout(vars(args)) if moe_args else (1, 1, 1)
+            validate_layout(spec, args.tp, args.pp, ep, etp)
         except (ParallelLayoutError, UnsupportedModelError, CheckpointMismatchError, FileNotFoundError) as err:
             print(f"hacrl convert: {err}", file=sys.stderr)
             return 2

@@ -35,3 +35,8 @@ def test_moe_layout_errors_before_spawning(tmp_path, capsys):
     assert "ep=3 does not divide num_experts=4" in capsys.readouterr().err
     assert hacrl(["convert", "--from-hf", str(tmp_path / "hf"), "--to-megatron", str(tmp_path / "x"), "--ep", "0"]) == 2
     assert "--ep=0" in capsys.readouterr().err
+    from tests.distributed.megatron_helpers import make_tiny_hf
+
+    make_tiny_hf("llama", str(tmp_path / "dense"))
+    assert hacrl(["convert", "--from-hf", str(tmp_path / "dense"), "--to-megatron", str(tmp_path / "y"), "--ep", "2"]) == 2
+    assert "expert parallelism needs an MoE model, llama is dense" in capsys.readouterr().err
