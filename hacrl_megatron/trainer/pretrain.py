@@ -113,6 +113,14 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
     sft_agent = dataclasses.replace(agent, lr=agent.warmup_sft_lr, init_checkpoint=None)
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
     rt = build_runtime(sft_exp, index, agent.warmup_sft_max_steps, agent_cfg=sft_agent)
+    try:
+        return _warm_up(exp, rt, agent, out_dir, verifier)
+    finally:  # a Ray agent's actors and placement group must be free for the RL run's own agent
+        rt.close()
+
+
+def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, agent: AgentConfig, out_dir: Path,
+             verifier: VerifierPool) -> dict[str, Any]:
     task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path)  # apart from RL
     # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
     eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
