@@ -44,7 +44,7 @@ from hacrl_megatron.errors import InputError
 from hacrl_megatron.models.convert_moe import (
     FusedExpertSource,
     expand_expert_suffixes,
-    expert_of,
+    local_expert_suffix,
     moe_hf_shape,
     moe_layer_rule,
 )
@@ -388,22 +388,11 @@ def _export_order(spec: ArchSpec, model: Any, pp: int, ep: int = 1) -> list[tupl
     order: list[tuple[int, str, int | None]] = [(0, "embedding.word_embeddings.weight", None)]
     for stage, count in enumerate(split):
         for i in range(count):
-            order += [(stage, f"decoder.layers.{i}.{_local_expert(s, e, spec, ep)}", e) for s, e in per_layer]
+            order += [(stage, f"decoder.layers.{i}.{local_expert_suffix(s, e, spec, ep)}", e) for s, e in per_layer]
     order.append((pp - 1, "decoder.final_layernorm.weight", None))
     if not spec.tie_embeddings:
         order.append((pp - 1, "output_layer.weight", None))
     return order
-
-
-def _local_expert(suffix: str, expert: int | None, spec: ArchSpec, ep: int) -> str:
-    """``suffix`` with its expert-local index set to global ``expert``'s index on its EP rank."""
-    if expert is None:
-        return suffix
-    _, fc = expert_of(suffix)  # type: ignore[misc]
-    local = expert % (spec.num_experts // ep)
-    if suffix.startswith("mlp.experts.local_experts."):
-        return f"mlp.experts.local_experts.{local}.{fc}.weight"
-    return f"mlp.experts.{fc}.weight{local}"
 
 
 def _gather(local: torch.Tensor, size: int, group: Any) -> list[torch.Tensor]:

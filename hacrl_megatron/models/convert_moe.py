@@ -100,6 +100,17 @@ def expand_expert_suffixes(spec: Any, suffixes: list[str], ep: int) -> list[tupl
     return out
 
 
+def local_expert_suffix(suffix: str, expert: int | None, spec: Any, ep: int) -> str:
+    """``suffix`` with its expert-local index set to global ``expert``'s index on its EP rank."""
+    if expert is None:
+        return suffix
+    _, fc = expert_of(suffix)  # type: ignore[misc]
+    local = expert % (spec.num_experts // ep)
+    if suffix.startswith("mlp.experts.local_experts."):
+        return f"mlp.experts.local_experts.{local}.{fc}.weight"
+    return f"mlp.experts.{fc}.weight{local}"
+
+
 class FusedExpertSource:
     """A tensor source whose fused in-memory expert tensors (transformers ≥ 5) appear under their
     on-disk per-expert names; reads only the requested expert (and rows) of a fused tensor."""
