@@ -134,3 +134,22 @@ def test_export_copied_into_a_transformers_model_by_name(tmp_path, arch):
         for name, tensor in module_layout(convert.export_hf_weights(model, spec), target, spec):
             params[name].copy_(tensor)
         assert torch.equal(target(IDS).logits, source(IDS).logits)
+
+
+def test_transformer_engine_expert_names_map_like_the_local_ones():
+    """TE's grouped-GEMM experts (``mlp.experts.linear_fc1.weight{j}``, the GPU spec) and the local
+    ``SequentialMLP`` names give the same HF tensors; the export lists every expert of every EP rank."""
+    from hacrl_megatron.models.convert_moe import expand_expert_suffixes
+
+    spec = arch_from_hf(tiny_moe_config("mixtral"))  # 4 experts
+    te = convert.plan_for(spec, "decoder.layers.1.mlp.experts.linear_fc1.weight1", 3, expert_offset=2)
+    local = convert.plan_for(spec, "decoder.layers.1.mlp.experts.local_experts.1.linear_fc1.weight", 3, expert_offset=2)
+    assert te == local and te.split == "etp" and te.kind == "fc1"
+    assert te.hf_names == ("model.layers.4.block_sparse_moe.experts.3.w1.weight",
+                           "model.layers.4.block_sparse_moe.experts.3.w3.weight")
+    router = convert.plan_for(spec, "decoder.layers.0.mlp.router.weight", 0)
+    assert router.hf_names == ("model.layers.0.block_sparse_moe.gate.weight",) and router.split == "tp"
+    suffixes = ["input_layernorm.weight", "mlp.experts.linear_fc1.weight0", "mlp.experts.linear_fc2.weight0",
+                "mlp.experts.linear_fc1.weight1", "mlp.experts.linear_fc2.weight1", "mlp.router.weight"]
+    order = expand_expert_suffixes(spec, suffixes, ep=2)  # this rank holds 2 of the 4 experts
+    assert [e for _, e in order] == [None, 0, 0, 1, 1, 2, 2, 3, 3, None]
