@@ -15,8 +15,9 @@ handles sent over HTTP only then).
 
 :func:`start_engines` saves the agent's model and tokenizer to ``root/init`` and starts one server
 per ``rollout.vllm.tp`` GPUs of ``agents.N.rollout_gpu_ids`` (empty: one server that inherits this
-process's devices). vLLM's CPU attention supports head sizes :data:`CPU_HEAD_SIZES` only; a CPU run
-with another head size is refused before any server starts. Standard library only, apart from the
+process's devices). vLLM's CPU attention supports head sizes :data:`CPU_HEAD_SIZES` only, and sleep mode
+and the weight-transfer engines are CUDA only: a CPU run that needs them is refused before any server
+starts. Standard library only, apart from the
 model's own ``save_pretrained``.
 """
 
@@ -255,6 +256,18 @@ def check_cpu_head_size(agent_name: str, hf_config: Any) -> None:
                          "rollout.engine=hf on CPU")
 
 
+def check_cpu_settings(colocate: bool, weight_sync: str) -> None:
+    """Refuse, before a CPU server starts, what vLLM has on CUDA only: sleep mode (``rollout.colocate``;
+    the server would not start: "Sleep mode is not supported on current platform") and its
+    weight-transfer engines (``tensor``, ``distributed``)."""
+    if colocate:
+        raise ValueError("rollout.colocate=true: a CPU vLLM server has no sleep mode (its memory hand-over is CUDA "
+                         "only) and no GPU to share; use rollout.colocate=false on CPU")
+    if weight_sync in TRANSFER_BACKENDS:
+        raise ValueError(f"rollout.weight_sync={weight_sync}: vLLM's weight-transfer engines (NCCL, CUDA IPC) are CUDA "
+                         "only; use rollout.weight_sync=disk (or auto) on CPU")
+
+
 def gpu_groups(gpu_ids: list[int], tp: int) -> list[list[int] | None]:
     """One GPU list per server: consecutive groups of ``tp`` ids; ``[None]`` (inherit) when empty."""
     if not gpu_ids:
@@ -288,13 +301,13 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     import torch
 
     r, v = exp.rollout, exp.rollout.vllm
-    on_cpu = not torch.cuda.is_available()
+    on_cpu, mode = not torch.cuda.is_available(), resolved_weight_sync(r)
     if on_cpu:
+        check_cpu_settings(r.colocate, mode)
         check_cpu_head_size(agent_cfg.name, model.config)
     init_dir = root / "init"
     model.save_pretrained(init_dir)
     tokenizer.save_pretrained(init_dir)
-    mode = resolved_weight_sync(r)
     command = [a.replace("{model_path}", str(init_dir)) for a in v.command] or None
     flags = server_flags(v, colocate=r.colocate, weight_sync=mode, model_dtype=agent_cfg.model.dtype)
     first = exp.agents.index(agent_cfg)

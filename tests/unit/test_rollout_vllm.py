@@ -144,6 +144,17 @@ def test_command_line_environment_and_groups(no_env, tmp_path):
         VLLMServer(tmp_path, gpu_ids=[0, 1])
 
 
+def test_cuda_only_settings_are_refused_on_cpu_before_a_server_starts():
+    from hacrl_megatron.rollout.vllm_server import check_cpu_settings
+
+    check_cpu_settings(False, "disk")
+    with pytest.raises(ValueError, match="rollout.colocate=true: a CPU vLLM server has no sleep mode"):
+        check_cpu_settings(True, "disk")
+    for mode in ("tensor", "distributed"):
+        with pytest.raises(ValueError, match=f"rollout.weight_sync={mode}: vLLM's weight-transfer engines"):
+            check_cpu_settings(False, mode)
+
+
 def test_cpu_head_sizes_are_checked_before_a_server_starts():
     from transformers import LlamaConfig, Qwen3Config
 
