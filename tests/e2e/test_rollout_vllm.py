@@ -100,6 +100,33 @@ def probe(tok) -> tuple[list[int], list[int]]:
     return prompts(tok)[0], tok("\\boxed{7}", add_special_tokens=False)["input_ids"]
 
 
+# first: the module's server (a fixture) starts only after it, so at most two servers run at once
+def test_hacrl_train_cpu_demo_with_vllm_engines_runs_three_steps(tmp_path):
+    from hacrl_megatron.cli import main
+
+    python = vllm_python_or_skip()
+    out = tmp_path / "run"
+    # the qwen3 agent's head size 96 / 4 = 24 is not one vLLM's CPU attention has: hidden 128 gives 32
+    rc = main(["train", "--preset", "cpu_demo", "rollout.engine=vllm", f"rollout.vllm.python={python}",
+               "agents.1.model.hidden_size=128", "train.sft_warmup=false", "train.steps=3", "train.prompts_per_step=8",
+               "train.eval_every=0", "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
+               f"output_dir={out}"])
+    assert rc == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "llama/sync_logp_diff" in r]
+    assert len(steps) == 3
+    for row in steps:
+        for name in ("llama", "qwen3"):
+            assert row[f"{name}/sync_logp_diff"] < 1e-3  # the loop's check passed on every sync
+            assert row[f"{name}/rollout_tokens_per_s"] > 0
+    for name in ("llama", "qwen3"):
+        synced = out / "engines" / name / "synced"
+        assert sorted(p.name for p in synced.iterdir()) == ["v3"]  # disk transport, one folder kept
+    print("\nhacrl train cpu_demo rollout.engine=vllm: " + ", ".join(
+        f"step {i}: {r['llama/rollout_tokens_per_s']:.0f} / {r['qwen3/rollout_tokens_per_s']:.0f} tok/s"
+        for i, r in enumerate(steps)))
+
+
 def test_g_samples_are_distinct_reproducible_by_seed_and_greedy_equals_hf(server, tok, model_dir, tmp_path):
     pool = EnginePool([client(server, tok)], DiskTransport(tmp_path / "sync", model_dir), name="a")
     from transformers import AutoModelForCausalLM
@@ -194,29 +221,3 @@ def test_a_server_killed_mid_rollout_is_restarted_and_resynced(server, tok, mode
     assert check_sync(agent, pool, prompt, response) < 1e-4 * len(response)
     print(f"\nvLLM kill mid-rollout: restarted (start-up {server.startup_s:.1f} s) and resynced, rollout done "
           f"{recovery_s:.1f} s after it began")
-
-
-def test_hacrl_train_cpu_demo_with_vllm_engines_runs_three_steps(tmp_path):
-    from hacrl_megatron.cli import main
-
-    python = vllm_python_or_skip()
-    out = tmp_path / "run"
-    # the qwen3 agent's head size 96 / 4 = 24 is not one vLLM's CPU attention has: hidden 128 gives 32
-    rc = main(["train", "--preset", "cpu_demo", "rollout.engine=vllm", f"rollout.vllm.python={python}",
-               "agents.1.model.hidden_size=128", "train.sft_warmup=false", "train.steps=3", "train.prompts_per_step=8",
-               "train.eval_every=0", "checkpoint.every=0", "log.tensorboard=false", "log.progress=false",
-               f"output_dir={out}"])
-    assert rc == 0
-    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    steps = [r for r in rows if "llama/sync_logp_diff" in r]
-    assert len(steps) == 3
-    for row in steps:
-        for name in ("llama", "qwen3"):
-            assert row[f"{name}/sync_logp_diff"] < 1e-3  # the loop's check passed on every sync
-            assert row[f"{name}/rollout_tokens_per_s"] > 0
-    for name in ("llama", "qwen3"):
-        synced = out / "engines" / name / "synced"
-        assert sorted(p.name for p in synced.iterdir()) == ["v3"]  # disk transport, one folder kept
-    print("\nhacrl train cpu_demo rollout.engine=vllm: " + ", ".join(
-        f"step {i}: {r['llama/rollout_tokens_per_s']:.0f} / {r['qwen3/rollout_tokens_per_s']:.0f} tok/s"
-        for i, r in enumerate(steps)))
