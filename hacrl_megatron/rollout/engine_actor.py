@@ -24,15 +24,13 @@ ACTOR_CALL_TIMEOUT_S = 60.0
 class ServerActor:
     """Owns one engine server on the node Ray placed it on (wrapped with ``ray.remote`` at run time).
 
-    server_kwargs: :class:`~hacrl_megatron.rollout.sglang_server.SGLangServer` arguments, less ``host`` and
-    ``gpu_ids`` (this node's address and the GPUs Ray assigned to this actor). host: bind address ("" =
-    the node's address as Ray knows it).
+    server_cls: the server class (:class:`~hacrl_megatron.rollout.sglang_server.SGLangServer`); server_kwargs:
+    its arguments, less ``host`` and ``gpu_ids`` (this node's address and the GPUs Ray assigned to this
+    actor). host: bind address ("" = the node's address as Ray knows it).
     """
 
-    def __init__(self, server_kwargs: dict[str, Any], host: str = "") -> None:
+    def __init__(self, server_cls: type, server_kwargs: dict[str, Any], host: str = "") -> None:
         import ray
-
-        from hacrl_megatron.rollout.sglang_server import SGLangServer
 
         self.node_ip = host or ray.util.get_node_ip_address()
         gpus = [int(g) for g in ray.get_gpu_ids()]
@@ -40,7 +38,7 @@ class ServerActor:
         # CUDA_VISIBLE_DEVICES for the server: Ray's GPU ids of this actor (it already set them for us);
         # on a node without CUDA (tests with fake GPU resources) the environment is left alone
         gpu_ids = gpus if len(gpus) == tp and _has_cuda() else None
-        self.server = SGLangServer(host=self.node_ip, gpu_ids=gpu_ids, **server_kwargs)
+        self.server = server_cls(host=self.node_ip, gpu_ids=gpu_ids, **server_kwargs)
 
     def start(self, timeout: float = 900.0) -> str:
         return self.server.start(timeout=timeout)
@@ -149,9 +147,9 @@ class _Group:
             ray.util.remove_placement_group(self.group)
 
 
-def start_remote_servers(server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
+def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
                          timeout: float = 900.0) -> list[RemoteServer]:
-    """One :class:`ServerActor` per entry of ``server_kwargs`` on its own ``{GPU: tp, CPU: 1}`` bundle of a
+    """One :class:`ServerActor` of ``server_cls`` per entry of ``server_kwargs`` on its own ``{GPU: tp, CPU: 1}`` bundle of a
     new placement group (SPREAD: engines on as many nodes as the cluster offers). Returns the handles,
     in order, once every server answers; the group goes when the last of them stops. Joins the Ray
     cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a new local one without it)."""
@@ -170,7 +168,7 @@ def start_remote_servers(server_kwargs: list[dict[str, Any]], tp: int, host: str
                            f"{timeout:.0f} s (ray.cluster_resources(): {ray.cluster_resources()})")
     remote = ray.remote(ServerActor)
     actors = [remote.options(num_gpus=tp, num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                  placement_group=group, placement_group_bundle_index=i)).remote(kwargs, host)
+                  placement_group=group, placement_group_bundle_index=i)).remote(server_cls, kwargs, host)
               for i, kwargs in enumerate(server_kwargs)]
     try:
         urls = ray.get([a.start.remote(timeout) for a in actors], timeout=timeout + ACTOR_CALL_TIMEOUT_S)

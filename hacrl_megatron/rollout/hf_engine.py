@@ -215,6 +215,10 @@ class HFEngine:
         ``model.embed_tokens.weight`` are one tensor: either name updates it, and if both come in
         one call they must be equal (an untied export into a tied engine is a conversion bug).
         """
+        from hacrl_megatron.models.convert_moe import module_layout
+
+        # an MoE export names experts one by one (checkpoint layout); transformers >= 5 holds them fused
+        named_tensors = module_layout(named_tensors, self.model)
         targets = dict(self.model.named_parameters(remove_duplicate=False))
         targets.update(dict(self.model.named_buffers(remove_duplicate=False)))
         seen: dict[int, tuple[str, torch.Tensor]] = {}

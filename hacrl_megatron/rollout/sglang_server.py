@@ -222,7 +222,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
         kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
                        log_path=str(root / f"server{k}.log"), command=command,
                        python=None if command else s.python or None) for k in range(len(groups))]
-        servers = start_remote_servers(kwargs, s.tp, host=s.host)
+        servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host)
     else:
         servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,
