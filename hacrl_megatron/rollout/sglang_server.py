@@ -23,12 +23,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
+from hacrl_megatron.rollout.servers import gpu_groups, start_all
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine
 
 if TYPE_CHECKING:
@@ -182,26 +182,6 @@ class SGLangServer:
 # an agent's servers (rollout.engine: sglang)
 
 
-def gpu_groups(gpu_ids: list[int], tp: int) -> list[list[int] | None]:
-    """One GPU list per server: consecutive groups of ``tp`` ids; ``[None]`` (inherit) when empty."""
-    if not gpu_ids:
-        return [None]
-    if len(gpu_ids) % tp:
-        raise ValueError(f"gpu_groups: {len(gpu_ids)} GPU ids are not a multiple of rollout.sglang.tp={tp}")
-    return [list(gpu_ids[k: k + tp]) for k in range(0, len(gpu_ids), tp)]
-
-
-def start_all(servers: list[SGLangServer]) -> None:
-    """Start every server concurrently; if one fails, stop the others and re-raise."""
-    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="sglang-start") as pool:
-        futures = [pool.submit(s.start) for s in servers]
-        errors = [f.exception() for f in futures]
-    if any(errors):
-        for s in servers:
-            s.stop()
-        raise next(e for e in errors if e is not None)
-
-
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
                   root: Path) -> StartedEngines:
     """``rollout.engine: sglang`` (``rollout/launch.py``): write ``model`` and ``tokenizer`` to
@@ -215,7 +195,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     extra = list(s.args)
     if r.colocate and MEMORY_SAVER_FLAG not in extra:
         extra.append(MEMORY_SAVER_FLAG)
-    groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp)
+    groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp, "rollout.sglang.tp")
     if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
         from hacrl_megatron.rollout.engine_actor import start_remote_servers
 
@@ -228,7 +208,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,
                                 python=None if command else s.python or None)
                    for k, gpus in enumerate(groups)]
-        start_all(servers)
+        start_all(servers, "sglang")
     clients = [SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=s.tp,
                             server=server, name=f"engine{k}") for k, server in enumerate(servers)]
     return StartedEngines(clients, model_dir=init_dir)

@@ -32,12 +32,12 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
+from hacrl_megatron.rollout.servers import gpu_groups, start_all
 from hacrl_megatron.rollout.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
@@ -268,26 +268,6 @@ def check_cpu_settings(colocate: bool, weight_sync: str) -> None:
                          "only; use rollout.weight_sync=disk (or auto) on CPU")
 
 
-def gpu_groups(gpu_ids: list[int], tp: int) -> list[list[int] | None]:
-    """One GPU list per server: consecutive groups of ``tp`` ids; ``[None]`` (inherit) when empty."""
-    if not gpu_ids:
-        return [None]
-    if len(gpu_ids) % tp:
-        raise ValueError(f"gpu_groups: {len(gpu_ids)} GPU ids are not a multiple of rollout.vllm.tp={tp}")
-    return [list(gpu_ids[k: k + tp]) for k in range(0, len(gpu_ids), tp)]
-
-
-def start_all(servers: list[VLLMServer]) -> None:
-    """Start every server concurrently; if one fails, stop the others and re-raise."""
-    with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix="vllm-start") as pool:
-        futures = [pool.submit(s.start) for s in servers]
-        errors = [f.exception() for f in futures]
-    if any(errors):
-        for s in servers:
-            s.stop()
-        raise next(e for e in errors if e is not None)
-
-
 def resolved_weight_sync(r: Any) -> str:
     """``rollout.weight_sync`` with auto resolved by ``rollout.vllm`` (the flags depend on it)."""
     return r.weight_sync if r.weight_sync != "auto" else r.vllm.auto_weight_sync(r.colocate)
@@ -314,8 +294,8 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     servers = [VLLMServer(init_dir, tp_size=v.tp, gpu_ids=gpus, flags=flags,
                           env=server_env(v, weight_sync=mode, cpu_core=first + k if on_cpu else None),
                           log_path=root / f"server{k}.log", command=command, python=None if command else v.python or None)
-               for k, gpus in enumerate(gpu_groups(agent_cfg.rollout_gpu_ids, v.tp))]
-    start_all(servers)
+               for k, gpus in enumerate(gpu_groups(agent_cfg.rollout_gpu_ids, v.tp, "rollout.vllm.tp"))]
+    start_all(servers, "vllm")
     clients = [VLLMEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=v.tp,
                           server=server, name=f"engine{k}") for k, server in enumerate(servers)]
     return StartedEngines(clients, model_dir=init_dir)
