@@ -60,6 +60,7 @@ MAY_CHANGE_ON_RESUME = (
     "train.verifier_workers", "data.eval_size", "data.eval_benchmarks", "checkpoint.*", "log.*",
     "agents.*.workers", "agents.*.parallel.tp", "agents.*.parallel.pp", "agents.*.parallel.dp",
     "agents.*.parallel.sequence_parallel", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
+    "rollout.sglang.*", "rollout.hf.*", "rollout.vllm.*",  # where and how the engines run, not what they sample
     "rollout.weight_sync_bucket_mb", "rollout.colocate",
 )
 

@@ -232,3 +232,17 @@ def test_run_record_holds_the_run_id_and_role_and_a_resume_keeps_them(tmp_path):
     # another run may reuse the checkpoints of this one only as a resume of the same run
     with pytest.raises(RunFolderError, match=r"tmp.*ckpts already holds a run \(2 checkpoint\(s\)"):
         claim_run_folder(exp_with(tiny(tmp_path / "b", checkpoint={"dir": str(tmp_path / "ckpts")})))
+
+
+def test_engine_sections_may_change_on_resume():
+    """Moving servers (rollout.sglang.tp, .placement) or resizing the HF engine's batches shapes neither
+    the weights nor the data: a resume may change them (the flat rollout.sglang_* keys of older runs too)."""
+    from hacrl_megatron.trainer.run_folder import config_differences
+
+    saved = {"rollout": {"sglang": {"tp": 1, "placement": "local"}, "hf": {"max_batch_size": 64},
+                         "vllm": {"tp": 1}, "sglang_tp": 1, "temperature": 1.0}}
+    now = {"rollout": {"sglang": {"tp": 4, "placement": "ray"}, "hf": {"max_batch_size": 8},
+                       "vllm": {"tp": 2}, "sglang_tp": 4, "temperature": 1.0}}
+    assert config_differences(saved, now) == []
+    now["rollout"]["temperature"] = 0.7
+    assert config_differences(saved, now) == ["rollout.temperature: 1.0 (saved) vs 0.7 (now)"]
