@@ -152,6 +152,7 @@ def check_checker(spec: str, field: str = "data.checker", timeout_s: float | Non
     and the spec. Checked specs are remembered for the life of this process.
     """
     parsed = parse_checker_spec(spec, field)
+    given = spec  # messages name the value as the user wrote it; workers load the absolute path
     if parsed.is_file:
         spec = f"{Path(parsed.target).expanduser().resolve()}:{parsed.function}"
     if spec in _checked:
@@ -173,10 +174,10 @@ def check_checker(spec: str, field: str = "data.checker", timeout_s: float | Non
         proc.join(5)
         parent.close()
     if not answered:
-        raise CheckerError(f"{field}={spec!r}: importing it did not finish within {limit:g} s; a checker module "
+        raise CheckerError(f"{field}={given!r}: importing it did not finish within {limit:g} s; a checker module "
                            "must import without waiting on anything (check what it does at import time)")
     if reason:
-        raise CheckerError(reason)
+        raise CheckerError(reason.replace(f"{field}={spec!r}", f"{field}={given!r}"))
     _checked.add(spec)
     return spec
 
