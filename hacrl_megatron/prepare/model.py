@@ -76,5 +76,5 @@ def convert_to_megatron(hf_dir: Path, out: Path, tp: int, pp: int) -> int:
     from hacrl_megatron.cli_convert import main as convert_main
 
     args = argparse.Namespace(from_hf=str(hf_dir), from_megatron=None, gguf_file=None, to_megatron=str(out),
-                              to_hf=None, tp=tp, pp=pp, dtype=None, max_shard_gb=2.0)
+                              to_hf=None, tp=tp, pp=pp, ep=1, etp=None, dtype=None, max_shard_gb=2.0)
     return convert_main(args)
