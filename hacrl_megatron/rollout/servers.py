@@ -1,7 +1,9 @@
-"""What every engine that runs as servers shares: one GPU group per server, and starting them together."""
+"""What every engine that runs as servers shares: one GPU group per server, starting them together, and
+the client side of a server's lifecycle (health, waiting for it, liveness, restart)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,3 +28,44 @@ def start_all(servers: Sequence[Any], label: str = "server") -> None:
         for s in servers:
             s.stop()
         raise next(e for e in errors if e is not None)
+
+
+class ServerLifecycle:
+    """Health, liveness and restart of an HTTP engine client (SGLang, vLLM). The client sets ``error``
+    (its error class), ``kind`` (its engine's name in messages) and ``health_timeout_s``, and has
+    ``_request(route, payload, method)``, ``base_url``, ``name``, ``server`` (the handle of a server this
+    process started, or None) and ``restarts``."""
+
+    error: type[Exception] = RuntimeError
+    kind = "engine"
+    health_timeout_s = 300.0
+
+    def health(self) -> bool:
+        """True when ``GET /health`` answers 200."""
+        try:
+            self._request("/health", None, "GET")
+        except self.error:
+            return False
+        return True
+
+    def wait_until_healthy(self, timeout: float | None = None, interval: float = 1.0) -> None:
+        """Poll ``/health`` until it answers; raise ``error`` after ``timeout`` seconds (the client's default)."""
+        timeout = self.health_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        while not self.health():
+            if time.monotonic() > deadline:
+                raise self.error(f"{self.kind} server {self.base_url} not healthy after {timeout:.0f} s")
+            time.sleep(interval)
+
+    def alive(self) -> bool:
+        """The server answers (and, if this process started it, its process is running)."""
+        if self.server is not None and not self.server.is_running():
+            return False
+        return self.health()
+
+    def restart(self) -> None:
+        """Restart the server this process started (it comes back with its initial weights)."""
+        if self.server is None:
+            raise self.error(f"{self.kind} engine {self.name} ({self.base_url}): no server handle to restart")
+        self.server.restart()
+        self.restarts += 1

@@ -43,6 +43,7 @@ import urllib.request
 from typing import Any
 
 from hacrl_megatron.rollout.protocol import EngineError, EngineUnreachable
+from hacrl_megatron.rollout.servers import ServerLifecycle
 from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
 # SGLang's name for the bucket layout of update_weights_from_distributed (sync/distributed.flatten_bucket)
@@ -57,7 +58,7 @@ class SGLangUnreachable(SGLangError, EngineUnreachable):
     """No connection to the server (refused, reset): it is down or still starting."""
 
 
-class SGLangEngine:
+class SGLangEngine(ServerLifecycle):
     """A client of one SGLang server.
 
     Args:
@@ -71,6 +72,8 @@ class SGLangEngine:
             if this process started it (then :meth:`restart` works).
         name: label in metrics (``engine0``, ...).
     """
+
+    error, kind, health_timeout_s = SGLangError, "SGLang", 300.0  # ServerLifecycle (rollout/servers.py)
 
     runs_in_process = False  # the model runs in the server's processes (trainer/concurrency.py)
 
@@ -116,35 +119,6 @@ class SGLangEngine:
         if isinstance(reply, dict) and reply.get("success") is False:
             raise SGLangError(f"SGLang {self.base_url}{path} failed: {reply.get('message', reply)}")
         return reply
-
-    def health(self) -> bool:
-        """True when ``GET /health`` answers 200."""
-        try:
-            self._request("/health", None, "GET")
-        except SGLangError:
-            return False
-        return True
-
-    def wait_until_healthy(self, timeout: float = 300.0, interval: float = 1.0) -> None:
-        """Poll ``/health`` until it answers; raise :class:`SGLangError` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not self.health():
-            if time.monotonic() > deadline:
-                raise SGLangError(f"SGLang server {self.base_url} not healthy after {timeout:.0f} s")
-            time.sleep(interval)
-
-    def alive(self) -> bool:
-        """The server answers (and, if this process started it, its process is running)."""
-        if self.server is not None and not self.server.is_running():
-            return False
-        return self.health()
-
-    def restart(self) -> None:
-        """Restart the server this process started (it comes back with its initial weights)."""
-        if self.server is None:
-            raise SGLangError(f"SGLang engine {self.name} ({self.base_url}): no server handle to restart")
-        self.server.restart()
-        self.restarts += 1
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free the server's GPU memory (``tags``: "weights", "kv_cache"; None: both)."""

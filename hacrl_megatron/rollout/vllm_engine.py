@@ -47,6 +47,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from hacrl_megatron.rollout.protocol import EngineError, EngineUnreachable
+from hacrl_megatron.rollout.servers import ServerLifecycle
 from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
 COMPLETIONS = "/v1/completions"
@@ -60,7 +61,7 @@ class VLLMUnreachable(VLLMError, EngineUnreachable):
     """No connection to the server (refused, reset): it is down or still starting."""
 
 
-class VLLMEngine:
+class VLLMEngine(ServerLifecycle):
     """A client of one vLLM server.
 
     Args:
@@ -78,6 +79,8 @@ class VLLMEngine:
         max_concurrency: sample requests in flight at once (the server batches them; more than its
             ``--max-num-seqs`` only queue there).
     """
+
+    error, kind, health_timeout_s = VLLMError, "vLLM", 600.0  # ServerLifecycle (rollout/servers.py)
 
     runs_in_process = False  # the model runs in the server's processes (trainer/concurrency.py)
 
@@ -145,35 +148,6 @@ class VLLMEngine:
                 raise VLLMError(f"vLLM {self.base_url}/v1/models lists no model")
             self._model = str(listed[0]["id"])
         return self._model
-
-    def health(self) -> bool:
-        """True when ``GET /health`` answers 200."""
-        try:
-            self._request("/health", None, "GET")
-        except VLLMError:
-            return False
-        return True
-
-    def wait_until_healthy(self, timeout: float = 600.0, interval: float = 1.0) -> None:
-        """Poll ``/health`` until it answers; raise :class:`VLLMError` after ``timeout`` seconds."""
-        deadline = time.monotonic() + timeout
-        while not self.health():
-            if time.monotonic() > deadline:
-                raise VLLMError(f"vLLM server {self.base_url} not healthy after {timeout:.0f} s")
-            time.sleep(interval)
-
-    def alive(self) -> bool:
-        """The server answers (and, if this process started it, its process is running)."""
-        if self.server is not None and not self.server.is_running():
-            return False
-        return self.health()
-
-    def restart(self) -> None:
-        """Restart the server this process started (it comes back with its initial weights)."""
-        if self.server is None:
-            raise VLLMError(f"vLLM engine {self.name} ({self.base_url}): no server handle to restart")
-        self.server.restart()
-        self.restarts += 1
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free the server's GPU memory (level 1: weights offloaded to host memory, KV cache dropped).
