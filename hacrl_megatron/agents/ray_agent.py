@@ -104,7 +104,8 @@ class RayAgent:
     dict, shipped once through the object store), ``hf_config``, ``total_updates``), plus the
     placement:
 
-        use_gpu: one GPU per rank and nccl; default: the cluster has GPUs.
+        use_gpu: one GPU per rank in its bundle (nccl where the rank sees CUDA, else gloo); default:
+            the cluster has GPUs.
         cpus_per_rank: CPUs in each rank's bundle (also its torch intra-op threads on CPU).
         placement_timeout_s: how long to wait for the cluster to free the bundles.
         call_timeout_s: limit for any single SPMD call (None: no limit; training steps can be long).
@@ -140,8 +141,7 @@ class RayAgent:
             envs = self._start(ray, agent_cfg, bundle, placement_timeout_s, env_vars or {})
             if isinstance(hf_checkpoint, dict):  # one shared-memory copy per node for all its ranks
                 hf_checkpoint = ray.put(SharedStateDict.from_tensors(hf_checkpoint))
-            threads = 0 if use_gpu else cpus_per_rank
-            refs = [w.setup.remote(WorkerSetup(env, threads, agent_cfg, train_cfg, hf_config, vocab_size, total_updates),
+            refs = [w.setup.remote(WorkerSetup(env, cpus_per_rank, agent_cfg, train_cfg, hf_config, vocab_size, total_updates),
                                    hf_checkpoint)
                     for w, env in zip(self._workers, envs)]
             results = self._gather(refs, "setup")
@@ -176,6 +176,7 @@ class RayAgent:
         infos = [infos[b] for b in order]
         port = self._gather([self._workers[0].free_port.remote()], "start")[0]
         self.nodes = [info["ip"] for info in infos]
+        self.placement = infos  # per rank (rank order): node ip, Ray's GPU ids, pid, host name
         return rank_envs(infos, infos[0]["ip"], port)
 
     def _gather(self, refs: list[Any], what: str) -> list[Any]:

@@ -67,7 +67,9 @@ class WorkerSetup:
     """What one rank needs to build its LocalAgent besides the weights (the same for every rank but ``env``).
 
     env: torch.distributed environment of the rank (RANK, WORLD_SIZE, MASTER_*, LOCAL_RANK, ...).
-    threads: torch intra-op threads (0: leave torch's default, e.g. on GPU).
+    threads: torch intra-op threads of a rank without CUDA (its bundle's CPUs; 0: torch's default).
+        A rank on a node whose GPUs Ray knows but torch cannot use (a simulated cluster's fake GPU
+        resources) computes on CPU with gloo, like a rank placed without GPUs.
     """
 
     env: dict[str, str]
@@ -160,7 +162,7 @@ class RankWorker:
         """
         os.environ.update(cfg.env)  # before torch touches CUDA: CUDA_VISIBLE_DEVICES / LOCAL_RANK apply
         self.rank = int(cfg.env["RANK"])
-        if cfg.threads > 0:
+        if cfg.threads > 0 and not torch.cuda.is_available():  # GPU ranks keep torch's default
             torch.set_num_threads(cfg.threads)
         if isinstance(hf_checkpoint, SharedStateDict):
             hf_checkpoint = hf_checkpoint.to_tensors()

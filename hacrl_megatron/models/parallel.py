@@ -14,8 +14,9 @@ node) listens on the loopback interface only: the rendezvous store binds 127.0.0
 the loopback interface unless ``GLOO_SOCKET_IFNAME`` says otherwise. NCCL's interface is left to
 NCCL (``NCCL_SOCKET_IFNAME``): the same process may also join a weight-update group with SGLang
 servers on other nodes (``sync/distributed.py``), which a loopback-only NCCL could not reach.
-Multi-node worlds listen on the node's address without authentication and rely on a private
-cluster network (README, "Security notes").
+Multi-node worlds listen on rank 0's node address (``MASTER_ADDR``, the store is bound to it, not to
+every interface) without authentication and rely on a private cluster network (README, "Security
+notes").
 """
 
 from __future__ import annotations
@@ -39,7 +40,10 @@ import torch
 
 from hacrl_megatron.config.layout import LayoutError, expert_data_parallel
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
-from hacrl_megatron.net import free_port  # noqa: F401  (re-exported: test worlds and tests import it from here)
+from hacrl_megatron.net import (
+    bound_tcp_store,
+    free_port,  # noqa: F401  (re-exported: test worlds and tests import it from here)
+)
 
 
 class ParallelStateError(RuntimeError):
@@ -174,19 +178,10 @@ def _use_loopback_interface() -> None:
 
 
 def _loopback_store(rank: int, world: int, port: int) -> object:
-    """The world's TCPStore; rank 0's server listens on 127.0.0.1 only (torch's own binds every
-    interface), through a socket bound here and handed over as ``master_listen_fd``."""
-    import torch.distributed as dist
+    """The world's TCPStore; rank 0's server listens on 127.0.0.1 only (torch's own binds every interface)."""
     from torch.distributed.constants import default_pg_timeout
 
-    timeout = default_pg_timeout
-    if rank != 0:
-        return dist.TCPStore(LOOPBACK, port, world, False, timeout)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((LOOPBACK, port))
-    sock.listen(128)
-    return dist.TCPStore(LOOPBACK, port, world, True, timeout, master_listen_fd=sock.detach())
+    return bound_tcp_store(LOOPBACK, port, world, rank == 0, default_pg_timeout)
 
 
 def _init_process_group(backend: str) -> None:
@@ -203,8 +198,13 @@ def _init_process_group(backend: str) -> None:
             _use_loopback_interface()
             store = _loopback_store(rank, world, int(os.environ["MASTER_PORT"]))
             dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-        else:  # multi-node: the cluster network is trusted (README, "Security notes")
-            dist.init_process_group(backend=backend, init_method="env://")
+        else:  # multi-node: the cluster network is trusted (README, "Security notes"); the store listens on
+            # rank 0's node address only (MASTER_ADDR), not on every interface of that node
+            from torch.distributed.constants import default_pg_timeout
+
+            store = bound_tcp_store(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, rank == 0,
+                                    default_pg_timeout)
+            dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
         return
     _use_loopback_interface()  # a world of one process: an in-memory store, nothing on disk
     dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1)

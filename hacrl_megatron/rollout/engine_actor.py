@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import signal
+import urllib.parse
 from typing import Any
 
 ACTOR_CALL_TIMEOUT_S = 60.0
@@ -81,14 +82,22 @@ def _has_cuda() -> bool:
 
 
 class RemoteServer:
-    """The controller's handle on a :class:`ServerActor`: the lifecycle of an ``SGLangServer``."""
+    """The controller's handle on a :class:`ServerActor`: the lifecycle of an ``SGLangServer``.
 
-    def __init__(self, actor: Any, base_url: str, tp_size: int, group: _Group | None = None) -> None:
+    A restart goes through the actor when it is alive (the server process died). When the actor
+    itself is gone (killed, or its worker crashed) a new one is placed on the same bundle of the
+    engine's placement group, so on the same node and GPUs, and starts the server on the same port:
+    the URL the engine pool and the weight transports know stays valid.
+    """
+
+    def __init__(self, actor: Any, base_url: str, tp_size: int, group: _Group | None = None,
+                 respawn: Any = None) -> None:
         self.actor = actor
         self.base_url = base_url
         self.tp_size = tp_size
         self.restarts = 0
         self._group = group
+        self._respawn = respawn  # () -> a new ServerActor on this server's bundle (None: cannot)
 
     def _call(self, method: str, *args: Any, timeout: float = ACTOR_CALL_TIMEOUT_S) -> Any:
         import ray
@@ -104,9 +113,28 @@ class RemoteServer:
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return False
 
+    def actor_alive(self) -> bool:
+        import ray
+
+        try:
+            self._call("base_url")
+            return True
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return False
+
     def restart(self, timeout: float = 900.0) -> str:
-        """Start the server again through its actor, on the same node and port."""
-        url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+        """Start the server again, on the same node and port: through its actor, or, when the actor is
+        gone, through a new actor on the same bundle."""
+        import ray
+
+        if self.actor_alive():
+            url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+        elif self._respawn is not None:
+            ray.kill(self.actor)  # a hung actor, if any, gives its bundle back first
+            self.actor = self._respawn()
+            url = self._call("start", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+        else:
+            raise RuntimeError(f"engine at {self.base_url}: its actor is gone and no bundle is known to place a new one")
         if url != self.base_url:
             raise RuntimeError(f"engine actor restarted its server at {url}, expected {self.base_url}")
         self.restarts += 1
@@ -131,6 +159,16 @@ class RemoteServer:
     def kill_server(self) -> int:
         """SIGKILL the server on its node (fault injection); the actor stays, so a restart goes through it."""
         return self._call("kill_server")
+
+    def kill_actor(self) -> None:
+        """Kill the server's actor (fault injection: its worker process dies, the server with it)."""
+        import ray
+
+        try:
+            self._call("kill_server")
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            pass
+        ray.kill(self.actor, no_restart=True)
 
 
 class _Group:
@@ -167,9 +205,12 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
         raise RuntimeError(f"no room in the Ray cluster for {len(bundles)} engine(s) of {tp} GPU(s) each within "
                            f"{timeout:.0f} s (ray.cluster_resources(): {ray.cluster_resources()})")
     remote = ray.remote(ServerActor)
-    actors = [remote.options(num_gpus=tp, num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
-                  placement_group=group, placement_group_bundle_index=i)).remote(server_cls, kwargs, host)
-              for i, kwargs in enumerate(server_kwargs)]
+
+    def place(index: int, kwargs: dict[str, Any]) -> Any:
+        return remote.options(num_gpus=tp, num_cpus=1, scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=group, placement_group_bundle_index=index)).remote(server_cls, kwargs, host)
+
+    actors = [place(i, kwargs) for i, kwargs in enumerate(server_kwargs)]
     try:
         urls = ray.get([a.start.remote(timeout) for a in actors], timeout=timeout + ACTOR_CALL_TIMEOUT_S)
     except BaseException:
@@ -178,4 +219,9 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
         ray.util.remove_placement_group(group)
         raise
     shared = _Group(group, len(actors))
-    return [RemoteServer(a, url, tp, shared) for a, url in zip(actors, urls)]
+
+    def respawner(index: int, url: str) -> Any:  # a replacement actor serves on the same port
+        kwargs = {**server_kwargs[index], "port": urllib.parse.urlparse(url).port}
+        return lambda: place(index, kwargs)
+
+    return [RemoteServer(a, url, tp, shared, respawner(i, url)) for i, (a, url) in enumerate(zip(actors, urls))]

@@ -44,7 +44,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 
-from hacrl_megatron.net import free_port, local_address_towards
+from hacrl_megatron.net import bound_tcp_store, free_port, node_address_towards
 from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineUnreachable
 from hacrl_megatron.sync.base import NamedTensors, buckets, on_all, tensor_bytes, with_last
 
@@ -99,15 +99,26 @@ def init_weight_group(master_address: str, master_port: int, rank: int, world_si
     """Join the weight-update group as ``rank`` (0 = the trainer, which hosts the TCP store).
 
     Mirrors SGLang's ``init_weights_update_group`` rendezvous so that both sides meet: a TCP store
-    at ``master_address:master_port``, keys prefixed by ``group_name``, and torch's process-group
-    helper (the same call ``init_process_group`` makes), registered so that ``dist.broadcast``
-    maps group ranks to themselves. No default process group is needed.
+    at ``master_address:master_port``, keys prefixed by ``group_name``, then torch's own
+    ``"<name>/"`` and ``"<device>/"`` prefixes. Rank 0's store listens on ``master_address`` only
+    (not every interface), and with gloo its sockets bind that address too, so an engine that was
+    handed another node's address is refused instead of reaching a listener by accident. nccl
+    groups are built by torch's process-group helper (NCCL picks its interface itself,
+    ``NCCL_SOCKET_IFNAME``), registered so that ``dist.broadcast`` maps group ranks to themselves.
+    No default process group is needed.
     """
     from torch.distributed import distributed_c10d as c10d
 
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, _, _ = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
+    if rank == 0:
+        store = bound_tcp_store(master_address, master_port, world_size, True, timeout)
+    else:
+        store, _, _ = next(c10d.rendezvous(f"tcp://{master_address}:{master_port}", rank, world_size, timeout=timeout))
     store.set_timeout(timeout)
+    if backend == "gloo":
+        bind = master_address if rank == 0 else ""
+        keys = c10d.PrefixStore("cpu/", c10d.PrefixStore(f"{group_name}/", c10d.PrefixStore(group_name, store)))
+        return gloo_group(keys, rank, world_size, timeout, bind)
     group, _ = c10d._new_process_group_helper(world_size, rank, [], c10d.Backend(backend),
                                               c10d.PrefixStore(group_name, store), group_name=group_name,
                                               timeout=timeout)
@@ -115,10 +126,26 @@ def init_weight_group(master_address: str, master_port: int, rank: int, world_si
     return group
 
 
-def destroy_weight_group(group: Any) -> None:
+def gloo_group(store: Any, rank: int, world_size: int, timeout: datetime.timedelta, bind_address: str = "") -> Any:
+    """A gloo process group (torch's ``ProcessGroupGloo``) whose sockets bind ``bind_address``
+    (a host name or address; "" = gloo's default: ``GLOO_SOCKET_IFNAME``, else the host name)."""
     import torch.distributed as dist
 
-    dist.destroy_process_group(group)
+    if not bind_address:
+        return dist.ProcessGroupGloo(store, rank, world_size, timeout)
+    options = dist.ProcessGroupGloo._Options()
+    options._devices = [dist.ProcessGroupGloo.create_device(hostname=bind_address)]
+    options._timeout = timeout
+    return dist.ProcessGroupGloo(store, rank, world_size, options)
+
+
+def destroy_weight_group(group: Any) -> None:
+    """Leave a group from :func:`init_weight_group` (a gloo group closes its sockets when dropped)."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    if group in c10d._world.pg_group_ranks:  # built by torch's helper (nccl)
+        dist.destroy_process_group(group)
 
 
 def broadcast_async(group: Any, tensor: torch.Tensor) -> Any:
@@ -148,8 +175,9 @@ class DistributedTransport:
         backend: "nccl", "gloo", or "auto" (nccl when this process has CUDA, else gloo: a trainer
             without a GPU still reaches GPU servers, over TCP).
         group_name: prefix of the group's name (one group per agent: include the agent's name).
-        master_address: the address engines reach this process at (default: the interface that
-            routes to the first engine).
+        master_address: the address engines reach this process at, and the only one its store and
+            gloo sockets listen on (default: ``net.node_address_towards`` the first engine: this
+            node's address in a Ray cluster, else the interface that routes to the engine).
         timeout_s: rendezvous and per-bucket timeout.
         ranks: an agent whose own ranks push (a Ray agent, :class:`RankSource`): each push then has
             that agent's ranks export and rank 0 broadcast; the stream given to :meth:`push` must be
@@ -191,7 +219,7 @@ class DistributedTransport:
         if self._group is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
             return
         self._close_group()
-        address = self.master_address or local_address_towards(engines[0].base_url)
+        address = self.master_address or node_address_towards(engines[0].base_url)
         port, world = free_port(""), 1 + sum(e.tp_size for e in engines)
         self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
         offsets = [1 + sum(e.tp_size for e in engines[:k]) for k in range(len(engines))]

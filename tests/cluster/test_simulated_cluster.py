@@ -1,13 +1,26 @@
 """Many hosts on one machine: a Ray cluster whose nodes each have their own loopback address.
 
-Ray's ``cluster_utils.Cluster`` starts a head node on 127.0.0.2 (the controller's, no GPUs) and two
-"GPU nodes" on 127.0.0.3 and 127.0.0.4 (fake GPU resources). Each agent's SGLang stand-in servers
-(tests/fixtures/fake_sglang_server.py, the real request contract, an HF model behind it) are owned by
-Ray actors on the GPU nodes (``rollout.sglang.placement: ray``) and bind their node's address only,
-so a client that used 127.0.0.1 or another node's address would be refused. The controller trains
-two tiny agents through the real loop: rollout from the remote engines, disk weight sync into them
-and the post-sync log-prob check after every step; then one engine's server is killed on its node
-and the pool restarts it through its actor and resyncs it.
+Ray's ``cluster_utils.Cluster`` starts a head node on 127.0.0.2 (the controller's, no GPUs) and three
+"GPU nodes" on 127.0.0.3-5 (two fake GPU resources each; torch sees no CUDA there, so ranks use
+gloo and servers compute on CPU). Every server binds its own node's address: the SGLang stand-in
+servers (tests/fixtures/fake_sglang_server.py, the real request contract, an HF model behind it)
+are owned by Ray actors on GPU nodes (``rollout.sglang.placement: ray``), and the weight-update
+group's store and gloo sockets listen on the trainer's node address; a client that used 127.0.0.1
+or another node's address is refused.
+
+Two scenarios through the real loop (rollout, verification, π_old, training, weight sync and the
+post-sync log-prob check every step):
+
+- the 70B preset's topology scaled down: each agent's Megatron trainer is a Ray world of two ranks
+  (TP = 2) filling one GPU node, its engine runs on a node that is neither the controller's nor its
+  trainer's, and weights go by ``distributed`` broadcast from trainer rank 0 across nodes; one
+  agent starts from an HF folder that the controller never loads (ranks read their shards, the
+  engine loads the folder). A killed engine actor is replaced on its node and resynced.
+- HF trainers on the controller with two engines per agent on distinct nodes and disk sync; an
+  engine's server killed on its node is restarted through its actor.
+
+A world of ranks on one node meets on that node's loopback address (models/parallel.py: nothing of
+it listens on the network); only addresses that cross nodes are node addresses.
 """
 
 from __future__ import annotations
@@ -27,7 +40,7 @@ from tests.e2e.test_trainer import run_with, tiny_exp
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow
 
-HEAD, GPU_NODES = "127.0.0.2", ("127.0.0.3", "127.0.0.4")
+HEAD, GPU_NODES = "127.0.0.2", ("127.0.0.3", "127.0.0.4", "127.0.0.5")
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_server.py"
 
 
@@ -67,17 +80,14 @@ def test_two_agents_train_with_engines_on_other_nodes(cluster, tmp_path):
     exp = cluster_exp(tmp_path)
     run, history = run_with(exp)
     try:
-        nodes = set()
         for rt in run.runtimes:
             for client in (slot.engine for slot in rt.engine.slots):
                 url = urlparse(client.base_url)
                 info = client.server.node()
                 assert url.hostname == info["ip"] and url.hostname in GPU_NODES  # bound to its own node
                 assert refused("127.0.0.1", url.port)  # nothing listens on loopback's usual address
-                other = next(ip for ip in GPU_NODES if ip != url.hostname)
-                assert refused(other, url.port) and refused(HEAD, url.port)
-                nodes.add(url.hostname)
-        assert nodes == set(GPU_NODES)  # SPREAD: the engines use both GPU nodes
+                assert all(refused(ip, url.port) for ip in (*GPU_NODES, HEAD) if ip != url.hostname)
+            assert len({urlparse(slot.engine.base_url).hostname for slot in rt.engine.slots}) == 2  # SPREAD
         for metrics in history:  # disk sync into the remote engines, checked against the trainer each step
             for name in ("llama", "qwen3"):
                 assert metrics[f"{name}/sync_logp_diff"] < 1e-3 * 8
@@ -96,3 +106,77 @@ def test_two_agents_train_with_engines_on_other_nodes(cluster, tmp_path):
             rt.close()
     assert ray.util.placement_group_table() and all(
         g["state"] == "REMOVED" for g in ray.util.placement_group_table().values())
+
+
+def megatron_cluster_exp(tmp_path: Path, steps: int = 2):
+    """Two Megatron agents, TP = 2 each (a Ray world of two ranks filling one 2-GPU node), one TP1
+    engine each (``rollout_gpu_ids=[0]``), distributed weight sync; llama starts from an HF folder."""
+    from hacrl_megatron.exchange.tokenizers import load_tokenizer
+    from hacrl_megatron.trainer.runtime import load_hf_model
+
+    exp = tiny_exp(tmp_path, backend="megatron", steps=steps)
+    llama = exp.agents[0]
+    tokenizer = load_tokenizer(llama.tokenizer)
+    folder = tmp_path / "llama-hf"
+    load_hf_model(llama, len(tokenizer), seed=7).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    command = [sys.executable, str(FAKE_SERVER), "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}",
+               "--enable-deterministic-inference"]
+    rollout = dataclasses.replace(exp.rollout, engine="sglang", weight_sync="distributed",
+                                  sglang=dataclasses.replace(exp.rollout.sglang, placement="ray", command=command))
+    agents = [dataclasses.replace(a, workers="ray", rollout_gpu_ids=[0],
+                                  parallel=dataclasses.replace(a.parallel, tp=2)) for a in exp.agents]
+    agents[0] = dataclasses.replace(agents[0], model=dataclasses.replace(agents[0].model, hf_path=str(folder)))
+    return validate(dataclasses.replace(exp, rollout=rollout, agents=agents)), folder
+
+
+def listening(pid: int) -> set[tuple[str, int]]:
+    import psutil
+
+    return {(c.laddr.ip, c.laddr.port) for c in psutil.Process(pid).net_connections(kind="tcp")
+            if c.status == psutil.CONN_LISTEN}
+
+
+@pytest.mark.timeout(1800)  # four Megatron ranks and two servers start on 2 cores: ~3 min idle, far more under load
+def test_megatron_trainers_and_engines_on_distinct_nodes_sync_across_nodes(cluster, tmp_path):
+    exp, folder = megatron_cluster_exp(tmp_path)
+    run, history = run_with(exp)
+    try:
+        trainer_nodes = []
+        for rt in run.runtimes:
+            ranks = rt.trainer.placement
+            nodes = {r["ip"] for r in ranks}
+            assert len(ranks) == 2 and len(nodes) == 1 and nodes <= set(GPU_NODES)  # the trainer fills one node
+            (trainer_node,) = nodes
+            trainer_nodes.append(trainer_node)
+            (slot,) = rt.engine.slots
+            engine_node = urlparse(slot.engine.base_url).hostname
+            assert engine_node in GPU_NODES and engine_node != trainer_node  # neither the controller's nor its trainer's
+            # rank 0 keeps the weight-update group with its engine between pushes: what closing the group
+            # takes away (its store and gloo sockets) listened on the trainer's node address only
+            with_group = listening(ranks[0]["pid"])
+            rt.engine.transport.close()  # the next push opens a fresh group
+            group_sockets = with_group - listening(ranks[0]["pid"])
+            assert group_sockets and {ip for ip, _ in group_sockets} == {trainer_node}, (group_sockets, with_group)
+        assert len(set(trainer_nodes)) == 2
+        for metrics in history:  # broadcast from trainer rank 0 into the engine on another node, checked each step
+            for name in ("llama", "qwen3"):
+                assert metrics[f"{name}/sync_logp_diff"] < 1e-4, metrics[f"{name}/sync_logp_diff"]
+                assert metrics[f"{name}/rollout_tokens_total"] > 0
+        # llama's engine loads the HF folder itself (linked, in its own dtype), not a copy the controller wrote
+        init = Path(exp.output_dir) / "engines" / "llama" / "init"
+        assert (init / "model.safetensors").resolve() == (folder / "model.safetensors").resolve()
+
+        # an engine actor dies with its server: a new actor on the same bundle (node, GPUs, port) takes
+        # over, the group is rebuilt at the next push and the engine is resynced
+        rt = run.runtimes[1]
+        victim = rt.engine.slots[0].engine
+        node_before, url_before = victim.server.node()["node_id"], victim.base_url
+        victim.server.kill_actor()
+        metrics = loop.train_step(run)
+        assert victim.server.restarts == 1 and victim.server.node()["node_id"] == node_before
+        assert victim.base_url == url_before
+        assert metrics["qwen3/sync_logp_diff"] < 1e-4
+    finally:
+        for rt in run.runtimes:
+            rt.close()
