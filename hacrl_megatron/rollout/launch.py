@@ -2,7 +2,7 @@
 
 Each engine has one module in ``rollout/`` that defines its client and
 ``start_engines(exp, agent_cfg, model, tokenizer, root) -> StartedEngines``: start the agent's
-engines on ``model``'s weights (files under ``root``, the agent's engine folder) and return their
+engines on ``model``'s weights (an HF model, or an HF folder for engines that run as servers) (files under ``root``, the agent's engine folder) and return their
 clients (:class:`~hacrl_megatron.rollout.protocol.StartedEngines`). :data:`ENGINE_MODULES` maps the
 engine's name to that module, imported only when the engine is chosen (so SGLang's module never
 loads on a CPU run). The weight transport that reaches the clients is built by ``sync/``; the trainer
@@ -34,7 +34,8 @@ def engine_root(exp: ExperimentConfig, agent_name: str) -> Path:
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any) -> StartedEngines:
-    """Start ``agent_cfg``'s engines on ``model``'s weights (an HF model in this process)."""
+    """Start ``agent_cfg``'s engines on ``model``'s weights: an HF model in this process, or (server
+    engines only: the in-process HF engine needs the model itself) the path of an HF folder."""
     name = exp.rollout.engine
     if name not in ENGINE_MODULES:
         raise ValueError(f"rollout.engine={name!r}: no engine module; known: {sorted(ENGINE_MODULES)}")

@@ -1,11 +1,14 @@
 """What every engine that runs as servers shares: one GPU group per server, starting them together, and
-the client side of a server's lifecycle (health, waiting for it, liveness, restart)."""
+the client side of a server's lifecycle (health, waiting for it, liveness, restart), and the folder
+the servers load their starting weights from."""
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 
@@ -69,3 +72,39 @@ class ServerLifecycle:
             raise self.error(f"{self.kind} engine {self.name} ({self.base_url}): no server handle to restart")
         self.server.restart()
         self.restarts += 1
+
+
+# tokenizer files the agent's own tokenizer writes into an engine folder; a source folder's copies
+# are never linked in their place (the agent's tokenizer, not the folder's, defines its token ids)
+def engine_model_dir(model: Any, tokenizer: Any, init_dir: Path) -> Path:
+    """The folder an agent's servers load at start: ``init_dir`` with ``tokenizer`` saved in it and
+    the starting weights of ``model``, which is either an HF model in this process (saved, as its
+    own dtype) or an HF folder on disk (every file of it linked, not copied: the servers read the
+    weights in the dtype they were stored in, and nothing the size of the model is written or held
+    here). A linked folder must be on a filesystem every engine's node sees, as ``init_dir`` is."""
+    if isinstance(model, (str, Path)):
+        source = Path(model).resolve()
+        if not (source / "config.json").is_file():
+            raise FileNotFoundError(f"engine weights: {source} is not an HF model folder (no config.json)")
+        if init_dir.is_symlink() or init_dir.is_file():
+            init_dir.unlink()
+        elif init_dir.exists():
+            shutil.rmtree(init_dir)  # a previous attempt's folder: links from another source must not stay
+        init_dir.mkdir(parents=True)
+        tokenizer.save_pretrained(init_dir)  # first: a link must never be the path a save writes through
+        for entry in sorted(source.iterdir()):
+            if not (init_dir / entry.name).exists():
+                (init_dir / entry.name).symlink_to(entry)
+        return init_dir
+    model.save_pretrained(init_dir)
+    tokenizer.save_pretrained(init_dir)
+    return init_dir
+
+
+def model_hf_config(model: Any) -> Any:
+    """The transformers config of an HF model in this process or of an HF folder (read, weights untouched)."""
+    if isinstance(model, (str, Path)):
+        from transformers import AutoConfig
+
+        return AutoConfig.from_pretrained(str(model), local_files_only=True)
+    return model.config

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
-from hacrl_megatron.rollout.servers import gpu_groups, start_all
+from hacrl_megatron.rollout.servers import engine_model_dir, gpu_groups, start_all
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine
 
 if TYPE_CHECKING:
@@ -184,13 +184,12 @@ class SGLangServer:
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
                   root: Path) -> StartedEngines:
-    """``rollout.engine: sglang`` (``rollout/launch.py``): write ``model`` and ``tokenizer`` to
+    """``rollout.engine: sglang`` (``rollout/launch.py``): put ``model`` (an HF model in this process, or
+    an HF folder, linked rather than loaded: ``servers.engine_model_dir``) and ``tokenizer`` in
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
     agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
     r, s = exp.rollout, exp.rollout.sglang
-    init_dir = root / "init"
-    model.save_pretrained(init_dir)
-    tokenizer.save_pretrained(init_dir)
+    init_dir = engine_model_dir(model, tokenizer, root / "init")
     command = [a.replace("{model_path}", str(init_dir)) for a in s.command] or None
     extra = list(s.args)
     if r.colocate and MEMORY_SAVER_FLAG not in extra:

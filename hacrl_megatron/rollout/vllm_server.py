@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
-from hacrl_megatron.rollout.servers import gpu_groups, start_all
+from hacrl_megatron.rollout.servers import engine_model_dir, gpu_groups, model_hf_config, start_all
 from hacrl_megatron.rollout.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
@@ -275,7 +275,8 @@ def resolved_weight_sync(r: Any) -> str:
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
                   root: Path) -> StartedEngines:
-    """``rollout.engine: vllm`` (``rollout/launch.py``): write ``model`` and ``tokenizer`` to
+    """``rollout.engine: vllm`` (``rollout/launch.py``): put ``model`` (an HF model in this process, or
+    an HF folder, linked rather than loaded: ``servers.engine_model_dir``) and ``tokenizer`` in
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
     agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
     import torch
@@ -284,10 +285,8 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     on_cpu, mode = not torch.cuda.is_available(), resolved_weight_sync(r)
     if on_cpu:
         check_cpu_settings(r.colocate, mode)
-        check_cpu_head_size(agent_cfg.name, model.config)
-    init_dir = root / "init"
-    model.save_pretrained(init_dir)
-    tokenizer.save_pretrained(init_dir)
+        check_cpu_head_size(agent_cfg.name, model_hf_config(model))
+    init_dir = engine_model_dir(model, tokenizer, root / "init")
     command = [a.replace("{model_path}", str(init_dir)) for a in v.command] or None
     flags = server_flags(v, colocate=r.colocate, weight_sync=mode, model_dtype=agent_cfg.model.dtype)
     first = exp.agents.index(agent_cfg)

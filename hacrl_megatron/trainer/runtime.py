@@ -98,20 +98,32 @@ def configure_process(exp: ExperimentConfig) -> None:
     hf_logging.set_verbosity_error()
 
 
+def starting_weights_dir(cfg: AgentConfig) -> Path | None:
+    """The HF folder agent ``cfg`` starts from (``init_checkpoint``, else ``model.hf_path``; "smollm2"
+    is the bundled model), or None for a seeded random init. Raises when the folder is missing."""
+    source = cfg.init_checkpoint or cfg.model.hf_path
+    if source is None:
+        return None
+    if source == "smollm2":
+        return Path(smollm2_hf_dir())
+    if not Path(source).is_dir():
+        raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
+    return Path(source)
+
+
+def _check_vocab(cfg: AgentConfig, model_vocab: int, vocab_size: int) -> None:
+    if model_vocab < vocab_size:
+        raise ValueError(f"agent {cfg.name!r}: model vocab {model_vocab} < tokenizer vocab {vocab_size}")
+
+
 def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedModel:
     """The agent's starting HF model (fp32 on CPU): warm-up checkpoint, HF dir, or seeded random init."""
     from transformers import AutoModelForCausalLM
 
-    source = cfg.init_checkpoint or cfg.model.hf_path
-    if source == "smollm2":
-
-        source = str(smollm2_hf_dir())
+    source = starting_weights_dir(cfg)
     if source is not None:
-        if not Path(source).is_dir():
-            raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=torch.float32)
-        if model.config.vocab_size < vocab_size:
-            raise ValueError(f"agent {cfg.name!r}: model vocab {model.config.vocab_size} < tokenizer vocab {vocab_size}")
+        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
+        _check_vocab(cfg, model.config.vocab_size, vocab_size)
         return model
     from hacrl_megatron.models.provider import hf_config_from_model_config
 
@@ -119,6 +131,17 @@ def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedMod
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+
+
+def reads_weights_itself(exp: ExperimentConfig, cfg: AgentConfig) -> bool:
+    """True when no HF model of agent ``cfg`` is needed in this process (docs/architecture.md, "No
+    model on the controller"): it starts from an HF folder, its trainer is Megatron (whose ranks read
+    their own shards of the safetensors) and its engines are servers (which load the folder
+    themselves). The HF backend trains the model in this process, the in-process HF engine samples
+    from it, a GGUF file is dequantised by transformers and a random init has no files to read:
+    those load the model here."""
+    return (cfg.backend == "megatron" and exp.rollout.engine != "hf" and cfg.model.gguf_file is None
+            and (cfg.init_checkpoint or cfg.model.hf_path) is not None)
 
 
 def uses_ray_workers(cfg: AgentConfig) -> bool:
@@ -142,9 +165,10 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig,
     return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
-def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase,
-                 agent: AgentHandle) -> TrainingEngine:
-    """The agent's rollout engine on ``model``'s weights: its clients (``rollout.engine``) in a pool
+def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel | Path,
+                 tokenizer: PreTrainedTokenizerBase, agent: AgentHandle) -> TrainingEngine:
+    """The agent's rollout engine on ``model``'s weights (an HF model, or an HF folder for server
+    engines): its clients (``rollout.engine``) in a pool
     behind the transport ``rollout.weight_sync`` names, or the one in-process HF engine itself
     (``inprocess``). A Ray agent's ranks broadcast themselves with the distributed transport."""
     started = start_engines(exp, cfg, model, tokenizer)
@@ -166,6 +190,8 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
     """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
+    if reads_weights_itself(exp, cfg):
+        return _build_from_folder(exp, index, cfg, tokenizer, total_updates)
     model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
     # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
     # (the HF backend trains ``model`` itself; the engine takes its own copy or folder below)
@@ -177,6 +203,35 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
         raise
     return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine,
                         hf_config=model.config)
+
+
+def _build_from_folder(exp: ExperimentConfig, index: int, cfg: AgentConfig, tokenizer: PreTrainedTokenizerBase,
+                       total_updates: int) -> AgentRuntime:
+    """Agent ``index`` with this process holding its config and tokenizer only (:func:`reads_weights_itself`):
+    the trainer reads the folder's safetensors (each Ray rank its own shards; a local agent in this
+    process), the engines load the folder (linked into their init folder, in its stored dtype)."""
+    from hacrl_megatron.rollout.servers import model_hf_config
+
+    folder = starting_weights_dir(cfg)
+    hf_config = model_hf_config(folder)
+    _check_vocab(cfg, hf_config.vocab_size, len(tokenizer))
+    trainer_cfg = dataclasses.replace(cfg, init_checkpoint=None)
+    if uses_ray_workers(cfg):
+        from hacrl_megatron.agents.ray_agent import RayAgent
+
+        agent: AgentHandle = RayAgent(trainer_cfg, exp.train, hf_checkpoint=str(folder), hf_config=hf_config,
+                                      total_updates=total_updates)
+    else:
+        from hacrl_megatron.agents.local import LocalAgent
+
+        agent = LocalAgent(trainer_cfg, exp.train, hf_checkpoint=str(folder), hf_config=hf_config,
+                           total_updates=total_updates)
+    try:
+        engine = build_engine(exp, cfg, folder, tokenizer, agent)
+    except BaseException:
+        agent.close()
+        raise
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine, hf_config=hf_config)
 
 
 def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
