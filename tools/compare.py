@@ -21,7 +21,7 @@ tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (fina
 ±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5d (``hacpo+pessimistic``, ``hacpo+adaptive``,
-``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``).
+``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``, and the rollout modes ``hacpo+one_step_off``, ``hacpo+async2``).
 """
 
 from __future__ import annotations
@@ -82,6 +82,10 @@ VARIANTS = {
     # stripped, self samples first in the mini-batches
     "hacpo+parity": ("hacpo.kl_coef=1e-3", "hacpo.kl_estimator=low_var_kl", "rollout.eos_mode=strip_all",
                      "train.minibatch_order=self_first"),
+    # rollout overlapping training (docs/algorithm.md §7b): the same HACPO objective, fed by a producer
+    # one weight version behind (one_step_off) or up to K = 2 versions behind (async)
+    "hacpo+one_step_off": ("train.rollout_mode=one_step_off",),
+    "hacpo+async2": ("train.rollout_mode=async", "train.max_staleness=2"),
 }
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.

@@ -18,7 +18,8 @@ from typing import Any
 METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo": "GSPO", "grpo": "GRPO",
                  "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both",
                  "hacpo+gspo_clip": "HACPO+GSPO clip", "hacpo+decoupled": "HACPO+decoupled",
-                 "hacpo+parity": "HACPO (parity)", "naive_merge": "Naive (merge)"}
+                 "hacpo+parity": "HACPO (parity)", "naive_merge": "Naive (merge)",
+                 "hacpo+one_step_off": "HACPO (one-step-off)", "hacpo+async2": "HACPO (async, K=2)"}
 
 
 class CompareError(ValueError):
