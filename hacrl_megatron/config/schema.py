@@ -156,6 +156,10 @@ class SGLangConfig:
     # (rollout/engine_actor.py; multi-node runs)
     placement: str = "local"
     host: str = ""  # bind address of ray-placed servers ("": the node's address as Ray knows it)
+    # a file whose first line is the servers' API key (SGLang's --api-key: every request but /health must
+    # then carry it as "Authorization: Bearer <key>"); read when the servers start, never stored in the run
+    # folder. "": no key (the servers answer anyone who reaches their address)
+    api_key_file: str = ""
 
     def auto_weight_sync(self, colocate: bool) -> str:
         """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""

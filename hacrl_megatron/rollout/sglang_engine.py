@@ -78,7 +78,8 @@ class SGLangEngine(ServerLifecycle):
     runs_in_process = False  # the model runs in the server's processes (trainer/concurrency.py)
 
     def __init__(self, base_url: str, *, eos_token_id: int, tokenizer: Any | None = None, tp_size: int = 1,
-                 timeout: float = 600.0, server: Any | None = None, name: str = "engine0") -> None:
+                 timeout: float = 600.0, server: Any | None = None, name: str = "engine0",
+                 api_key: str | None = None) -> None:
         if tp_size < 1:
             raise ValueError(f"SGLangEngine: tp_size={tp_size} must be >= 1")
         self.base_url = base_url.rstrip("/")
@@ -88,6 +89,7 @@ class SGLangEngine(ServerLifecycle):
         self.timeout = timeout
         self.server = server
         self.name = name
+        self.api_key = api_key or None  # sent as "Authorization: Bearer <key>" (SGLang's --api-key)
         self.restarts = 0
         self._tokens = 0
         self._seconds = 0.0
@@ -99,8 +101,10 @@ class SGLangEngine(ServerLifecycle):
 
     def _request(self, path: str, payload: dict[str, Any] | None, method: str) -> Any:
         data = json.dumps(payload).encode() if payload is not None else None
-        req = urllib.request.Request(self.base_url + path, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        req = urllib.request.Request(self.base_url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 body = resp.read()
@@ -137,7 +141,7 @@ class SGLangEngine(ServerLifecycle):
         """A client of the same server that pickles (no server handle, no tokenizer): the trainer's
         ranks send the distributed transport's requests with it."""
         return SGLangEngine(self.base_url, eos_token_id=self.eos_id, tp_size=self.tp_size, timeout=self.timeout,
-                            name=self.name)
+                            name=self.name, api_key=self.api_key)
 
     # ----------------------------------------------------------------------------------------
     # weight updates (rollout/protocol.py: DiskWeightLoader, TensorWeightLoader, BroadcastWeightLoader)

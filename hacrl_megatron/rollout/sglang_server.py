@@ -74,12 +74,16 @@ class SGLangServer:
             (tests; custom launchers). ``{port}`` and ``{host}`` in it are substituted.
         python: interpreter for ``-m sglang.launch_server`` (SGLang in its own virtual
             environment, config ``rollout.sglang.python``); None: :func:`sglang_python`'s fallbacks.
+        api_key: SGLang's ``--api-key`` (appended to the command line, a custom one too): the server
+            then refuses every request but ``/health`` without ``Authorization: Bearer <key>``.
+            It is visible in the process list of the server's node, as any launch flag.
     """
 
     def __init__(self, model_path: str | os.PathLike | None, *, host: str = "127.0.0.1", port: int | None = None,
                  tp_size: int = 1, gpu_ids: Sequence[int] | None = None, mem_fraction_static: float | None = None,
                  extra_args: Sequence[str] = (), log_path: str | os.PathLike | None = None,
-                 command: Sequence[str] | None = None, python: str | os.PathLike | None = None) -> None:
+                 command: Sequence[str] | None = None, python: str | os.PathLike | None = None,
+                 api_key: str | None = None) -> None:
         if command is None and model_path is None:
             raise ValueError("SGLangServer: model_path is required unless a command is given")
         if tp_size < 1:
@@ -96,6 +100,7 @@ class SGLangServer:
         self.log_path = Path(log_path) if log_path is not None else Path(f"sglang_{self.port}.log")
         self._command = None if command is None else list(command)
         self.python = sglang_python(python)
+        self.api_key = api_key or None
         self.process: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -104,13 +109,14 @@ class SGLangServer:
         return f"http://{self.host}:{self.port}"
 
     def command_line(self) -> list[str]:
+        key = ["--api-key", self.api_key] if self.api_key else []
         if self._command is not None:
-            return [a.replace("{port}", str(self.port)).replace("{host}", self.host) for a in self._command]
+            return [a.replace("{port}", str(self.port)).replace("{host}", self.host) for a in self._command] + key
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model_path),
                "--host", self.host, "--port", str(self.port), "--tp-size", str(self.tp_size)]
         if self.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
-        return cmd + self.extra_args
+        return cmd + self.extra_args + key
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -189,6 +195,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
     agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
     r, s = exp.rollout, exp.rollout.sglang
+    api_key = read_api_key(s.api_key_file, "rollout.sglang.api_key_file")
     init_dir = engine_model_dir(model, tokenizer, root / "init")
     command = [a.replace("{model_path}", str(init_dir)) for a in s.command] or None
     extra = list(s.args)
@@ -200,14 +207,28 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
 
         kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
                        log_path=str(root / f"server{k}.log"), command=command,
-                       python=None if command else s.python or None) for k in range(len(groups))]
+                       python=None if command else s.python or None, api_key=api_key) for k in range(len(groups))]
         servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host)
     else:
         servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,
-                                python=None if command else s.python or None)
+                                python=None if command else s.python or None, api_key=api_key)
                    for k, gpus in enumerate(groups)]
         start_all(servers, "sglang")
     clients = [SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=s.tp,
-                            server=server, name=f"engine{k}") for k, server in enumerate(servers)]
+                            server=server, name=f"engine{k}", api_key=api_key) for k, server in enumerate(servers)]
     return StartedEngines(clients, model_dir=init_dir)
+
+
+def read_api_key(path: str, key: str) -> str | None:
+    """The API key in the first line of ``path`` (None for ""); errors name the config ``key``."""
+    if not path:
+        return None
+    try:
+        lines = Path(path).expanduser().read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ValueError(f"{key}={path!r}: cannot read the API key file: {err}") from err
+    secret = lines[0].strip() if lines else ""
+    if not secret:
+        raise ValueError(f"{key}={path!r}: the file's first line is empty; write the key there")
+    return secret
