@@ -43,7 +43,11 @@ NODEID="${SLURM_NODEID:-0}"
 JOB_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # $HACRL_RAY_START_ARGS: extra per-node `ray start` flags from the environment (word-split on purpose)
 # shellcheck disable=SC2206
-RAY_ARGS=(--disable-usage-stats __RAY_ARGS__ ${HACRL_RAY_START_ARGS:-})
+# every node carries a resource named after its Slurm node index, so engines the planner put on node k
+# are placed there (rollout/engine_actor.py: node_resource)
+RAY_ARGS=(--disable-usage-stats "--resources={\"hacrl_node_$NODEID\": 1000}" __RAY_ARGS__ ${HACRL_RAY_START_ARGS:-})
+# job-wide GPU indices (agents.N.rollout_gpu_ids) are node * HACRL_GPUS_PER_NODE + local id
+export HACRL_GPUS_PER_NODE="${HACRL_GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-}}"
 # Multi-GPU training defaults (override any of them with the job's --env): Megatron's TP/SP
 # communication overlap needs one CUDA work queue per device so kernels run in issue order
 export CUDA_DEVICE_MAX_CONNECTIONS="${CUDA_DEVICE_MAX_CONNECTIONS:-1}"

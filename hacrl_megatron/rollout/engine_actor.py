@@ -20,6 +20,34 @@ import urllib.parse
 from typing import Any
 
 ACTOR_CALL_TIMEOUT_S = 60.0
+GPUS_PER_NODE_ENV = "HACRL_GPUS_PER_NODE"  # set by hacrl launch's Slurm script (launch/slurm_ray.py)
+NODE_RESOURCE = "hacrl_node_{}"  # the Ray resource every node of a launched job carries, by Slurm node index
+
+
+def planned_nodes(gpu_groups: list[list[int] | None], agent: str) -> list[int | None]:
+    """The node index of each engine (its first GPU's job-wide index ``node · gpus_per_node + local``,
+    docs/planner.md) when this job says how many GPUs a node has (``$HACRL_GPUS_PER_NODE``), else
+    None for every engine (Ray's SPREAD places them anywhere)."""
+    raw = os.environ.get(GPUS_PER_NODE_ENV, "").strip()
+    if not raw:
+        return [None] * len(gpu_groups)
+    try:
+        per_node = int(raw)
+    except ValueError:
+        per_node = 0
+    if per_node < 1:
+        raise ValueError(f"${GPUS_PER_NODE_ENV}={raw!r}: must be a positive GPU count per node")
+    nodes: list[int | None] = []
+    for group in gpu_groups:
+        if not group:
+            nodes.append(None)
+            continue
+        node = group[0] // per_node
+        if any(g // per_node != node for g in group):
+            raise ValueError(f"agent {agent!r}: rollout_gpu_ids {group} span nodes at {per_node} GPUs per node; "
+                             "an engine's GPUs must be on one node")
+        nodes.append(node)
+    return nodes
 
 
 class ServerActor:
@@ -186,11 +214,13 @@ class _Group:
 
 
 def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
-                         timeout: float = 900.0) -> list[RemoteServer]:
+                         timeout: float = 900.0, nodes: list[int | None] | None = None) -> list[RemoteServer]:
     """One :class:`ServerActor` of ``server_cls`` per entry of ``server_kwargs`` on its own ``{GPU: tp, CPU: 1}`` bundle of a
-    new placement group (SPREAD: engines on as many nodes as the cluster offers). Returns the handles,
-    in order, once every server answers; the group goes when the last of them stops. Joins the Ray
-    cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a new local one without it)."""
+    new placement group (SPREAD: engines on as many nodes as the cluster offers). ``nodes[k]``: the
+    job node index engine ``k`` must run on (its bundle then asks for that node's resource,
+    ``hacrl_node_<k>``; None: anywhere). Returns the handles, in order, once every server answers;
+    the group goes when the last of them stops. Joins the Ray cluster at ``$RAY_ADDRESS`` when this
+    process is not connected yet (a new local one without it)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -198,7 +228,18 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
 
+    nodes = nodes if nodes is not None else [None] * len(server_kwargs)
     bundles = [{"GPU": float(tp), "CPU": 1.0} for _ in server_kwargs]
+    have = ray.cluster_resources()
+    for bundle, node in zip(bundles, nodes, strict=True):
+        if node is None:
+            continue
+        name = NODE_RESOURCE.format(node)
+        if name not in have:
+            raise RuntimeError(f"engine planned on node {node}: the Ray cluster has no node with resource {name!r} "
+                               f"(nodes of a `hacrl launch` job carry hacrl_node_<Slurm node index>; unset "
+                               f"${GPUS_PER_NODE_ENV} to let Ray place engines anywhere)")
+        bundle[name] = 1.0
     group = placement_group(bundles, strategy="SPREAD")
     if not group.wait(timeout_seconds=timeout):
         ray.util.remove_placement_group(group)

@@ -203,12 +203,13 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
         extra.append(MEMORY_SAVER_FLAG)
     groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp, "rollout.sglang.tp")
     if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
-        from hacrl_megatron.rollout.engine_actor import start_remote_servers
+        from hacrl_megatron.rollout.engine_actor import planned_nodes, start_remote_servers
 
         kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
                        log_path=str(root / f"server{k}.log"), command=command,
                        python=None if command else s.python or None, api_key=api_key) for k in range(len(groups))]
-        servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host)
+        servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host,
+                                       nodes=planned_nodes(groups, agent_cfg.name))
     else:
         servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,

@@ -48,9 +48,11 @@ FAKE_SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_se
 def cluster():
     from ray.cluster_utils import Cluster
 
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "node_ip_address": HEAD})
-    for ip in GPU_NODES:
-        c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip)
+    # each node carries hacrl_node_<index> as `hacrl launch` nodes do (launch/slurm_ray.py): head 0, GPU nodes 1-3
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "node_ip_address": HEAD,
+                                                      "resources": {"hacrl_node_0": 1000}})
+    for k, ip in enumerate(GPU_NODES, start=1):
+        c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip, resources={f"hacrl_node_{k}": 1000})
     c.wait_for_nodes()
     ray.init(address=c.address, log_to_driver=False)
     yield c
@@ -180,3 +182,21 @@ def test_megatron_trainers_and_engines_on_distinct_nodes_sync_across_nodes(clust
     finally:
         for rt in run.runtimes:
             rt.close()
+
+
+def test_engines_go_to_the_nodes_the_planner_chose(cluster, tmp_path, monkeypatch):
+    """Job-wide rollout_gpu_ids (node · gpus_per_node + local id) place each engine on its planned node."""
+    from hacrl_megatron.exchange.tokenizers import load_tokenizer
+    from hacrl_megatron.rollout.sglang_server import start_engines
+    from hacrl_megatron.trainer.runtime import load_hf_model
+
+    monkeypatch.setenv("HACRL_GPUS_PER_NODE", "2")
+    exp = cluster_exp(tmp_path)
+    cfg = dataclasses.replace(exp.agents[0], rollout_gpu_ids=[6, 2])  # node 3 (127.0.0.5), then node 1 (127.0.0.3)
+    tok = load_tokenizer(cfg.tokenizer)
+    started = start_engines(exp, cfg, load_hf_model(cfg, len(tok), seed=0), tok, tmp_path / "engines")
+    try:
+        assert [urlparse(c.base_url).hostname for c in started.clients] == ["127.0.0.5", "127.0.0.3"]
+    finally:
+        for c in started.clients:
+            c.close()

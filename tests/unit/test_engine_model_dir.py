@@ -101,3 +101,18 @@ def test_gguf_file_is_loaded_by_the_controller(tmp_path, hf_folder):
     exp = dataclasses.replace(exp, rollout=dataclasses.replace(exp.rollout, engine="sglang"))
     assert reads_weights_itself(exp, agent) is False
     assert os.path.isdir(folder)
+
+
+def test_planned_nodes_from_job_wide_gpu_ids(monkeypatch):
+    from hacrl_megatron.rollout.engine_actor import planned_nodes
+
+    monkeypatch.delenv("HACRL_GPUS_PER_NODE", raising=False)
+    assert planned_nodes([[8, 9], [10, 11]], "a") == [None, None]  # no job layout: Ray places them
+    monkeypatch.setenv("HACRL_GPUS_PER_NODE", "8")
+    assert planned_nodes([[8, 9], [20, 21], [0]], "a") == [1, 2, 0]
+    assert planned_nodes([None], "a") == [None]
+    with pytest.raises(ValueError, match=r"agent 'a': rollout_gpu_ids \[6, 7, 8, 9\] span nodes at 8 GPUs per node"):
+        planned_nodes([[6, 7, 8, 9]], "a")
+    monkeypatch.setenv("HACRL_GPUS_PER_NODE", "eight")
+    with pytest.raises(ValueError, match=r"\$HACRL_GPUS_PER_NODE='eight': must be a positive GPU count"):
+        planned_nodes([[0]], "a")
