@@ -208,6 +208,7 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "rollout.sglang.python": _sglang_python,
     "rollout.vllm.python": _sglang_python,  # the same rule: empty (the fallbacks) or a usable path
     "rollout.sglang.host": _bind_host,
+    "rollout.sglang.api_key_file": _sglang_python,  # the same rule: empty (no key) or a usable path
     "checkpoint.dir": _optional_path,
     "log.wandb_project": _wandb_project,
 }
