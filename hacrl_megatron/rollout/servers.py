@@ -74,14 +74,14 @@ class ServerLifecycle:
         self.restarts += 1
 
 
-# tokenizer files the agent's own tokenizer writes into an engine folder; a source folder's copies
-# are never linked in their place (the agent's tokenizer, not the folder's, defines its token ids)
 def engine_model_dir(model: Any, tokenizer: Any, init_dir: Path) -> Path:
     """The folder an agent's servers load at start: ``init_dir`` with ``tokenizer`` saved in it and
     the starting weights of ``model``, which is either an HF model in this process (saved, as its
     own dtype) or an HF folder on disk (every file of it linked, not copied: the servers read the
     weights in the dtype they were stored in, and nothing the size of the model is written or held
-    here). A linked folder must be on a filesystem every engine's node sees, as ``init_dir`` is."""
+    here). The folder's own tokenizer files are not linked where the agent's tokenizer wrote its
+    own (the agent's tokenizer defines its token ids). A linked folder must be on a filesystem every
+    engine's node sees, as ``init_dir`` is."""
     if isinstance(model, (str, Path)):
         source = Path(model).resolve()
         if not (source / "config.json").is_file():

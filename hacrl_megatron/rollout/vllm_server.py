@@ -13,7 +13,8 @@ The server's environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-reload, cache-r
 and ``VLLM_ALLOW_INSECURE_SERIALIZATION=1`` for the tensor transport only (vLLM unpickles CUDA IPC
 handles sent over HTTP only then).
 
-:func:`start_engines` saves the agent's model and tokenizer to ``root/init`` and starts one server
+:func:`start_engines` puts the agent's model (saved, or its HF folder linked) and tokenizer in
+``root/init`` and starts one server
 per ``rollout.vllm.tp`` GPUs of ``agents.N.rollout_gpu_ids`` (empty: one server that inherits this
 process's devices). vLLM's CPU attention supports head sizes :data:`CPU_HEAD_SIZES` only, and sleep mode
 and the weight-transfer engines are CUDA only: a CPU run that needs them is refused before any server

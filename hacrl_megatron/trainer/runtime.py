@@ -149,19 +149,27 @@ def uses_ray_workers(cfg: AgentConfig) -> bool:
     return cfg.backend == "megatron" and (cfg.workers == "ray" or (cfg.workers == "auto" and cfg.parallel.world_size > 1))
 
 
-def build_agent(cfg: AgentConfig, model: PreTrainedModel, exp: ExperimentConfig, total_updates: int) -> AgentHandle:
-    """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights."""
+def build_agent(cfg: AgentConfig, model: PreTrainedModel | Path, exp: ExperimentConfig, total_updates: int,
+                hf_config: PretrainedConfig | None = None) -> AgentHandle:
+    """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights: an HF model in this
+    process, or (Megatron agents, :func:`reads_weights_itself`) the path of an HF folder with its
+    ``hf_config``, whose safetensors the agent reads itself (each Ray rank its own shards)."""
     t = exp.train
     if cfg.backend == "hf":
         from hacrl_megatron.agents.hf import HFAgent
 
         return HFAgent(cfg.name, model, lr=cfg.lr, train_cfg=t, total_updates=total_updates)
+    folder = isinstance(model, Path)
     if uses_ray_workers(cfg):
-        from hacrl_megatron.agents.ray_agent import build_ray_agent
+        from hacrl_megatron.agents.ray_agent import RayAgent, build_ray_agent
 
+        if folder:
+            return RayAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates)
         return build_ray_agent(cfg, model, t, total_updates)
     from hacrl_megatron.agents.local import LocalAgent
 
+    if folder:
+        return LocalAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates)
     return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
@@ -187,49 +195,31 @@ def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel
 
 def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
                   agent_cfg: AgentConfig | None = None) -> AgentRuntime:
-    """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate)."""
+    """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate).
+
+    The starting weights are an HF model loaded here, or, when :func:`reads_weights_itself`, the HF
+    folder alone: this process then holds the agent's config and tokenizer only, the trainer reads the
+    folder's safetensors and the engines load the folder (linked into their init folder, in its
+    stored dtype)."""
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
+    weights: PreTrainedModel | Path
     if reads_weights_itself(exp, cfg):
-        return _build_from_folder(exp, index, cfg, tokenizer, total_updates)
-    model = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
-    # the HF model already holds the starting weights (init_checkpoint or hf_path): the agent copies them
-    # (the HF backend trains ``model`` itself; the engine takes its own copy or folder below)
-    agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), model, exp, total_updates)
+        from hacrl_megatron.rollout.servers import model_hf_config
+
+        weights = starting_weights_dir(cfg)
+        hf_config = model_hf_config(weights)
+        _check_vocab(cfg, hf_config.vocab_size, len(tokenizer))
+    else:
+        weights = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
+        hf_config = weights.config
+    # the weights already are the starting point (init_checkpoint or hf_path): the agent copies or reads
+    # them (the HF backend trains ``weights`` itself; the engine takes its own copy or folder below)
+    agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), weights, exp, total_updates, hf_config)
     try:
-        engine = build_engine(exp, cfg, model, tokenizer, agent)
+        engine = build_engine(exp, cfg, weights, tokenizer, agent)
     except BaseException:
         agent.close()  # a Ray agent's actors
-        raise
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine,
-                        hf_config=model.config)
-
-
-def _build_from_folder(exp: ExperimentConfig, index: int, cfg: AgentConfig, tokenizer: PreTrainedTokenizerBase,
-                       total_updates: int) -> AgentRuntime:
-    """Agent ``index`` with this process holding its config and tokenizer only (:func:`reads_weights_itself`):
-    the trainer reads the folder's safetensors (each Ray rank its own shards; a local agent in this
-    process), the engines load the folder (linked into their init folder, in its stored dtype)."""
-    from hacrl_megatron.rollout.servers import model_hf_config
-
-    folder = starting_weights_dir(cfg)
-    hf_config = model_hf_config(folder)
-    _check_vocab(cfg, hf_config.vocab_size, len(tokenizer))
-    trainer_cfg = dataclasses.replace(cfg, init_checkpoint=None)
-    if uses_ray_workers(cfg):
-        from hacrl_megatron.agents.ray_agent import RayAgent
-
-        agent: AgentHandle = RayAgent(trainer_cfg, exp.train, hf_checkpoint=str(folder), hf_config=hf_config,
-                                      total_updates=total_updates)
-    else:
-        from hacrl_megatron.agents.local import LocalAgent
-
-        agent = LocalAgent(trainer_cfg, exp.train, hf_checkpoint=str(folder), hf_config=hf_config,
-                           total_updates=total_updates)
-    try:
-        engine = build_engine(exp, cfg, folder, tokenizer, agent)
-    except BaseException:
-        agent.close()
         raise
     return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine, hf_config=hf_config)
 
