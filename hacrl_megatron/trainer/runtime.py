@@ -108,6 +108,9 @@ def starting_weights_dir(cfg: AgentConfig) -> Path | None:
         return Path(smollm2_hf_dir())
     if not Path(source).is_dir():
         raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
+    if not (Path(source) / "config.json").is_file():
+        raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} has no config.json "
+                                "(not an HF model folder)")
     return Path(source)
 
 

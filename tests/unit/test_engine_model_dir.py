@@ -116,3 +116,15 @@ def test_planned_nodes_from_job_wide_gpu_ids(monkeypatch):
     monkeypatch.setenv("HACRL_GPUS_PER_NODE", "eight")
     with pytest.raises(ValueError, match=r"\$HACRL_GPUS_PER_NODE='eight': must be a positive GPU count"):
         planned_nodes([[0]], "a")
+
+
+def test_starting_folder_without_config_is_refused_naming_the_agent(tmp_path):
+    from hacrl_megatron.trainer.runtime import starting_weights_dir
+
+    (tmp_path / "weights").mkdir()
+    (tmp_path / "weights" / "model.safetensors").write_bytes(b"damaged")
+    exp = tiny_exp(tmp_path, backend="megatron")
+    agent = dataclasses.replace(exp.agents[0], model=dataclasses.replace(exp.agents[0].model,
+                                                                         hf_path=str(tmp_path / "weights")))
+    with pytest.raises(FileNotFoundError, match=r"agent 'llama': model directory .*weights' has no config.json"):
+        starting_weights_dir(agent)
