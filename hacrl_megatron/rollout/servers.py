@@ -1,10 +1,15 @@
-"""What every engine that runs as servers shares: one GPU group per server, starting them together, and
-the client side of a server's lifecycle (health, waiting for it, liveness, restart), and the folder
-the servers load their starting weights from."""
+"""What every engine that runs as servers shares: one GPU group per server, starting them together,
+launching a server process that dies with its starter and ending its whole process group, the client
+side of a server's lifecycle (health, waiting for it, liveness, restart), and the folder the servers
+load their starting weights from."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -31,6 +36,67 @@ def start_all(servers: Sequence[Any], label: str = "server") -> None:
         for s in servers:
             s.stop()
         raise next(e for e in errors if e is not None)
+
+
+GUARD = Path(__file__).with_name("server_guard.py")
+ORPHAN_GRACE_S = 10.0  # a server whose trainer died: seconds from SIGTERM to SIGKILL (server_guard.py)
+
+
+def guarded(command: Sequence[str], grace: float = ORPHAN_GRACE_S) -> list[str]:
+    """``command`` run through ``server_guard.py``: the server's process group ends when this process
+    dies (SIGTERM, SIGKILL after ``grace`` seconds), even by ``kill -9``."""
+    return [sys.executable, "-I", str(GUARD), "--parent", str(os.getpid()), "--grace", str(grace), "--",
+            *map(str, command)]
+
+
+def launch(command: Sequence[str], log: Any, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """Start a server: ``command`` (guarded) in its own session, stdout and stderr to the file ``log``.
+    The returned process is the guard, leader of the group that :func:`end_group` ends."""
+    return subprocess.Popen(guarded(command), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+
+def _signal_group(pgid: int, sig: int) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):  # nothing left in the group
+        pass
+
+
+def end_group(proc: subprocess.Popen, grace: float = 30.0) -> None:
+    """End the process group ``proc`` leads (a server started by :func:`launch`): SIGTERM, then
+    SIGKILL after ``grace`` seconds. The SIGKILL goes to the group even when ``proc`` itself has
+    already exited: a server killed by pid leaves its workers behind (vLLM's engine core)."""
+    if proc.poll() is None:
+        _signal_group(proc.pid, signal.SIGTERM)  # start_new_session: the group id is the leader's pid
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    _signal_group(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=grace)
+
+
+ERROR_MARKERS = ("error", "exception", "assert", "traceback", "killed", "failed", "fatal")
+
+
+def error_lines(path: Path, count: int = 8, chars: int = 4000) -> str:
+    """The server's own last ``count`` error lines from its log (lines naming an error, an exception,
+    an assertion, a failure), else its last ``count`` lines; or why there are none. A server's last
+    line is often a pointer such as "See root cause above": the cause is the line this returns."""
+    try:
+        lines = [ln.rstrip() for ln in Path(path).read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError as err:
+        return f"(no log at {path}: {err.strerror})"
+    if not lines:
+        return f"(log {path} is empty)"
+    errors = [ln for ln in lines if any(m in ln.lower() for m in ERROR_MARKERS)]
+    picked = list(dict.fromkeys(reversed(errors or lines)))[:count][::-1]  # last ones, each once, in order
+    return "\n".join(picked)[-chars:]
+
+
+def startup_failure(kind: str, what: str, log_path: Path) -> str:
+    """The message of a server that did not come up: ``what`` happened, its own error lines, its log."""
+    return f"{kind} server {what}; its errors (log {log_path}):\n{error_lines(log_path)}"
 
 
 class ServerLifecycle:

@@ -3,8 +3,10 @@
 ``SGLangServer(model_path, gpu_ids=[0, 1], tp_size=2).start()`` runs
 ``python -m sglang.launch_server --model-path ... --host 127.0.0.1 --port P --tp-size 2`` with
 ``CUDA_VISIBLE_DEVICES=0,1`` in its own session, waits for ``/health`` and returns the base URL for
-:class:`~hacrl_megatron.rollout.SGLangEngine`. ``stop()`` ends exactly the process group it
-started (SIGTERM, then SIGKILL after a grace period) — never other processes.
+:class:`~hacrl_megatron.rollout.SGLangEngine`. The server runs through ``server_guard.py``
+(``servers.launch``): its whole process group ends when the trainer dies, even by ``kill -9``.
+``stop()`` ends exactly the process group it started (SIGTERM, then SIGKILL after a grace period;
+what is left of it even when the server's main process already died) — never other processes.
 
 :func:`start_engines` is ``rollout.engine: sglang``'s starter (``rollout/launch.py``): the agent's
 ``agents.N.rollout_gpu_ids`` list k · ``rollout.sglang.tp`` GPUs, k servers, one per consecutive
@@ -16,7 +18,6 @@ while the trainer trains. Standard library only.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +29,14 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
-from hacrl_megatron.rollout.servers import engine_model_dir, gpu_groups, start_all
+from hacrl_megatron.rollout.servers import (
+    end_group,
+    engine_model_dir,
+    gpu_groups,
+    launch,
+    start_all,
+    startup_failure,
+)
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine
 
 if TYPE_CHECKING:
@@ -124,12 +132,6 @@ class SGLangServer:
     def healthy(self, timeout: float = 5.0) -> bool:
         return server_healthy(self.base_url, timeout)
 
-    def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
     def start(self, timeout: float = 900.0, interval: float = 1.0) -> str:
         """Launch the server and wait until ``/health`` answers; returns the base URL."""
         if self.is_running():
@@ -140,35 +142,27 @@ class SGLangServer:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             # own session: stop() can end the server and every worker it forks, and only those
-            self.process = subprocess.Popen(self.command_line(), stdout=log, stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+            self.process = launch(self.command_line(), log, env)
         deadline = time.monotonic() + timeout
         while not self.healthy(timeout=interval):
             if self.process.poll() is not None:
                 code = self.process.returncode
-                self.process = None
-                raise SGLangServerError(f"SGLang server exited with code {code} during start-up; "
-                                        f"log {self.log_path}:\n{self._log_tail()}")
+                self.stop()  # its workers may still run
+                raise SGLangServerError(startup_failure("SGLang", f"exited with code {code} during start-up",
+                                                        self.log_path))
             if time.monotonic() > deadline:
                 self.stop()
-                raise SGLangServerError(f"SGLang server not healthy after {timeout:.0f} s; "
-                                        f"log {self.log_path}:\n{self._log_tail()}")
+                raise SGLangServerError(startup_failure("SGLang", f"not healthy after {timeout:.0f} s (waited for "
+                                                        f"GET {self.base_url}/health)", self.log_path))
             time.sleep(interval)
         return self.base_url
 
     def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds (what is left of it
+        even when the server's main process already died); idempotent."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the group this object created (start_new_session)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            end_group(proc, grace)
 
     def restart(self, timeout: float = 900.0) -> str:
         """Stop (if running) and start again on the same port; counts ``restarts``."""

