@@ -7,7 +7,8 @@ metric names without the agent prefix (``llama/hacpo/cross_clipfrac`` is key
 ``hacpo/cross_clipfrac`` of agent ``llama``) or run-wide names such as ``time/train_s``. One subplot
 per key, one line per (run, agent), x = RL step. Default keys: reward_mean (mean verifier reward of
 the agent's own rollouts), eval_accuracy (greedy held-out accuracy), hacpo/cross_clipfrac (share of
-cross samples with nonzero advantage outside the cross window, docs/algorithm.md §5) and capability (P̂, docs/algorithm.md §1);
+cross samples with nonzero advantage outside the cross window, docs/algorithm.md §5) and capability (P̂, docs/algorithm.md §1),
+then one panel per benchmark the runs evaluated on (``eval/<benchmark>/avg@k``, from ``data.eval_benchmarks``);
 a default key that no run logged is left out, an asked-for one is an error.
 """
 
@@ -115,6 +116,21 @@ def available_keys(runs: dict[str, list[dict]]) -> list[str]:
     return sorted(keys)
 
 
+def benchmark_keys(runs: dict[str, list[dict]]) -> list[str]:
+    """The ``eval/<benchmark>/avg@k`` keys any run logged (``data.eval_benchmarks``), in first-seen order."""
+    keys: list[str] = []
+    for key in available_keys(runs):
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "eval" and parts[2].startswith("avg@") and key not in keys:
+            keys.append(key)
+    return keys
+
+
+def default_keys(runs: dict[str, list[dict]]) -> list[str]:
+    """:data:`DEFAULT_KEYS`, then every benchmark's avg@k panel."""
+    return list(DEFAULT_KEYS) + benchmark_keys(runs)
+
+
 def plot(runs: dict[str, list[dict]], keys: list[str], out: Path, strict: bool = True) -> list[str]:
     """Draw one subplot per key to ``out`` (PNG); returns the keys drawn.
 
@@ -164,11 +180,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("runs", nargs="+", help="run output folders (or metrics.jsonl files)")
     p.add_argument("--out", type=Path, required=True, help="PNG file to write")
     p.add_argument("--keys", nargs="+", default=None,
-                   help=f"metric keys without agent prefix (default: {' '.join(DEFAULT_KEYS)})")
+                   help=f"metric keys without agent prefix (default: {' '.join(DEFAULT_KEYS)}, and "
+                        "eval/<benchmark>/avg@k of every benchmark evaluated)")
     args = p.parse_args(argv)
     try:
         runs = load_runs(args.runs)
-        drawn = plot(runs, args.keys or list(DEFAULT_KEYS), args.out, strict=args.keys is not None)
+        drawn = plot(runs, args.keys or default_keys(runs), args.out, strict=args.keys is not None)
     except PlotError as err:
         p.error(str(err))
     print(f"wrote {args.out}: {', '.join(drawn)} for {len(runs)} run(s)")

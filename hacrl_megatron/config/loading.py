@@ -61,6 +61,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{path}: expected a list, got {value!r}")
         return [_coerce(v, item_tp, f"{path}.{i}") for i, v in enumerate(value)]
+    if origin is dict:  # a name → value map (data.benchmark_paths): string keys, typed values
+        key_tp, item_tp = typing.get_args(tp)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{path}: expected a mapping (name: value), got a {type(value).__name__}")
+        return {_coerce(k, key_tp, path): _coerce(v, item_tp, f"{path}.{k}") for k, v in value.items()}
     if tp is bool:
         if isinstance(value, bool):
             return value

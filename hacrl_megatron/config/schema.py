@@ -292,7 +292,9 @@ class TrainConfig:
     adam_beta2: float = 0.999
     lr_warmup_steps: int = 0
     lr_schedule: str = "constant"  # constant | cosine
-    eval_every: int = 10
+    eval_every: int = 10  # steps between evaluations (the procedural eval_size set and data.eval_benchmarks)
+    eval_samples: int = 1  # k of the benchmark evaluation: k samples per problem give avg@k and pass@k
+    eval_temperature: float = 0.0  # sampling temperature of the benchmark evaluation; 0: greedy (needs k = 1)
     seed: int = 0
     cpu_threads: int = 1  # torch intra-op threads on CPU (0: torch default); 1 avoids OpenMP
     # oversubscription next to verifier workers and other jobs, measured 10-30x faster when contended
@@ -312,7 +314,13 @@ class DataConfig:
     # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in [0, 1]
     difficulty: int = 2  # procedural knob (digits / numbers)
     eval_size: int = 200
-    eval_benchmarks: list[str] = field(default_factory=list)  # names for `hacrl eval`
+    # benchmarks evaluated every train.eval_every steps for every agent, logged as <agent>/eval/<name>/avg@k and
+    # pass@k: datasets (math500, gsm8k, ...: their test split) or procedural tasks (addition, ...: a held-out set)
+    eval_benchmarks: list[str] = field(default_factory=list)
+    # dataset benchmark name -> its local file or folder; a name not listed is read from $HACRL_DATA_DIR/<name>/,
+    # else from data/<name>/ (where `hacrl prepare data` writes)
+    benchmark_paths: dict[str, str] = field(default_factory=dict)
+    eval_limit: int = 0  # problems per benchmark (the first ones); 0: all of a dataset, 200 of a procedural task
     seed: int = 1234
 
 

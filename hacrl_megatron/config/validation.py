@@ -244,6 +244,7 @@ def validate_data_names(data: DataConfig) -> None:
     _rule(data.path is None or data.task in BENCHMARKS, "data.path", data.path,
           f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural")
     _rule(data.path is None or data.path.strip() != "", "data.path", data.path, "must not be empty (omit it)")
+    validate_eval_benchmarks(data)
     if data.checker is not None:
         from hacrl_megatron.reward.custom import CheckerError, parse_checker_spec
 
@@ -251,6 +252,21 @@ def validate_data_names(data: DataConfig) -> None:
             parse_checker_spec(data.checker)
         except CheckerError as err:
             raise ConfigError(str(err)) from None
+
+
+def validate_eval_benchmarks(data: DataConfig) -> None:
+    """``data.eval_benchmarks`` names known benchmarks, each once; ``data.benchmark_paths`` names datasets."""
+    from hacrl_megatron.data import BENCHMARKS, TASKS
+
+    for name in data.eval_benchmarks:
+        _rule(name in BENCHMARKS or name in TASKS, "data.eval_benchmarks", data.eval_benchmarks,
+              f"{name!r} is not a benchmark: datasets {list(BENCHMARKS)}, procedural tasks {list(TASKS)}")
+        _rule(data.eval_benchmarks.count(name) == 1, "data.eval_benchmarks", data.eval_benchmarks,
+              f"{name!r} is listed twice")
+    for name, path in data.benchmark_paths.items():
+        _rule(name in BENCHMARKS, f"data.benchmark_paths.{name}", path,
+              f"{name!r} is not a dataset benchmark {list(BENCHMARKS)} (procedural tasks need no file)")
+        _rule(path.strip() != "", f"data.benchmark_paths.{name}", path, "must name a file or folder")
 
 
 def check_data_files(data: DataConfig) -> list[Path]:
@@ -268,6 +284,12 @@ def check_data_files(data: DataConfig) -> list[Path]:
             check_checker(data.checker)
         except CheckerError as err:
             raise ConfigError(str(err)) from None
+    from hacrl_megatron.data.eval_sets import benchmark_problem
+
+    for name in data.eval_benchmarks:  # each benchmark's file is here (found where training will read it)
+        problem = benchmark_problem(name, data.benchmark_paths)
+        key = f"data.benchmark_paths.{name}" if name in data.benchmark_paths else "data.eval_benchmarks"
+        _rule(problem is None, key, data.benchmark_paths.get(name, data.eval_benchmarks), problem or "")
     if data.task not in BENCHMARKS:
         return []
     try:
@@ -354,6 +376,9 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
           "must be one of ['constant', 'cosine']")
     _rule(t.eval_every >= 0, "train.eval_every", t.eval_every, "must be >= 0")
+    _rule(t.eval_temperature > 0 or t.eval_samples == 1, "train.eval_samples", t.eval_samples,
+          "greedy evaluation (train.eval_temperature=0) gives k identical samples: set train.eval_temperature > 0 "
+          "(e.g. 1.0) for avg@k and pass@k with k > 1")
     _rule(t.cpu_threads >= 0, "train.cpu_threads", t.cpu_threads, "must be >= 0 (0: torch default)")
     _rule(t.verifier_workers >= 0, "train.verifier_workers", t.verifier_workers, "must be >= 0")
     _rule(t.verifier_timeout_s > 0, "train.verifier_timeout_s", t.verifier_timeout_s, "must be > 0")

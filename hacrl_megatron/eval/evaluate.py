@@ -204,6 +204,7 @@ def evaluate(
     *,
     verifier: Any,
     model_name: str = "model",
+    log_each: bool = True,
 ) -> EvalResult:
     """Evaluate one agent on several benchmarks.
 
@@ -214,12 +215,15 @@ def evaluate(
         verifier: ``VerifierPool`` (anything with ``.score(list[RewardRequest]) -> list[float]``)
             or a callable with that signature.
         model_name: the result's row name.
+        log_each: log each benchmark's score as it is done (``hacrl eval``'s progress); the trainer
+            prints its evaluations itself, once.
     """
     results: dict[str, BenchmarkResult] = {}
     samples: dict[str, list[dict[str, Any]]] = {}
     for name, recs in records.items():
         results[name], samples[name] = _evaluate_benchmark(engine, tokenizer, name, recs, settings, verifier)
-        logger.info("%s on %s: %s = %.3f", model_name, name, results[name].label, results[name].primary)
+        if log_each:
+            logger.info("%s on %s: %s = %.3f", model_name, name, results[name].label, results[name].primary)
     return EvalResult(model=model_name, benchmarks=results, settings=settings.as_dict(), samples=samples)
 
 

@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from hacrl_megatron.data import BENCHMARKS, TASKS, PromptRecord, load_benchmark, make_task
+from hacrl_megatron.data.eval_sets import EVAL_SPLITS
 from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate, write_results
 from hacrl_megatron.eval.inputs import check_agent_folder, load_failure
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
@@ -38,7 +39,7 @@ class EvalData:
 
     benchmarks: names, in table order. Dataset names (``data.BENCHMARKS``: math, math500, gsm8k,
         aime2025, amc23, minerva, olympiadbench) are read from ``paths[name]`` or
-        ``$HACRL_DATA_DIR/<name>/``; procedural task names (``data.TASKS``: addition, arithmetic,
+        ``$HACRL_DATA_DIR/<name>/`` (a folder: its evaluation split, ``data.eval_sets.EVAL_SPLITS``); procedural task names (``data.TASKS``: addition, arithmetic,
         linear, countdown) give their held-out eval set at ``difficulty``/``task_seed``.
     paths: dataset name → local file or folder (only for requested benchmarks).
     limit: at most this many problems per benchmark (procedural default 200).
@@ -65,7 +66,7 @@ def load_eval_records(data: EvalData) -> dict[str, list[PromptRecord]]:
     out: dict[str, list[PromptRecord]] = {}
     for name in data.benchmarks:
         if name in BENCHMARKS:
-            out[name] = load_benchmark(name, data.paths.get(name), data.limit)
+            out[name] = load_benchmark(name, data.paths.get(name), data.limit, EVAL_SPLITS[name])
         else:
             out[name] = make_task(name, data.difficulty, data.task_seed).eval_set(
                 data.limit or DEFAULT_PROCEDURAL_EVAL_SIZE)

@@ -35,7 +35,8 @@ class LogProbBackend(Protocol):
     def shard_stats(self, hidden: torch.Tensor, weight: torch.Tensor, local_targets: torch.Tensor,
                     temperature: float, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Per-token (max_v z, Σ_v exp(z − max), target z or exactly 0) over this vocab shard, [N] each
-        in the accumulation dtype, for z = (h·Wᵀ)/T (see ``reference.shard_stats``)."""
+        in the accumulation dtype, for z = (h·Wᵀ)/T (see ``reference.shard_stats``). A
+        ``local_targets`` id outside [0, V_local) contributes exactly 0, whatever its value."""
 
     def grad_logits_chunk(self, hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_targets: torch.Tensor,
                           lse: torch.Tensor, grad_scale: torch.Tensor, temperature: float,

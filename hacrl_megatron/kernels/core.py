@@ -130,11 +130,26 @@ def validate_inputs(
     return seq_len.to(hidden.device)
 
 
+OFF_SHARD = -1  # local target id of a token whose target lives on another rank (or in no real row)
+
+
+def local_target_ids(targets: torch.Tensor, shard: VocabShard) -> torch.Tensor:
+    """[N] int64 ids into this rank's real rows [0, shard.valid); ``OFF_SHARD`` for every other id.
+
+    Mapping before the launch keeps a kernel from reading another rank's id as one of its own
+    columns: an id in [valid, next block) would otherwise index the unused columns of the last,
+    partly empty vocab block (−inf logits) whenever V_local is not a multiple of the block.
+    """
+    local = targets.to(torch.int64) - shard.start
+    mine = (local >= 0) & (local < shard.valid)
+    return torch.where(mine, local, torch.full_like(local, OFF_SHARD))
+
+
 def forward_lse_logp(backend: LogProbBackend, hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                      temperature: float, chunk_size: int, group: dist.ProcessGroup | None,
                      shard: VocabShard) -> tuple[torch.Tensor, torch.Tensor]:
     """(lse [N], token log-probs [N]) over the global vocabulary, both in the accumulation dtype."""
-    local_targets = targets.to(torch.int64) - shard.start
+    local_targets = local_target_ids(targets, shard)
     if shard.valid > 0:  # padding rows (ids >= vocab_size) are cut off before any logit is formed
         shard_max, shard_sum, shard_tgt = backend.shard_stats(
             hidden, weight[:shard.valid], local_targets, temperature, chunk_size)
@@ -163,7 +178,7 @@ def backward_hidden_weight(backend: LogProbBackend, hidden: torch.Tensor, weight
     align = backend.vocab_align
     width = max(1, min(vocab, max(align, -(-chunk_size * vocab // n) // align * align)))
     grad_scale = grad_logp.to(acc) / temperature
-    local_targets = targets.to(torch.int64) - shard.start
+    local_targets = local_target_ids(targets, shard)  # OFF_SHARD − start stays negative: no column
     # GEMM operands: half inputs stay half on CUDA (tensor cores, fp32 output); else upcast once
     gemm_dtype = hidden.dtype if half_gemm_on_cuda(hidden) else acc
     hidden_g = hidden.to(gemm_dtype)

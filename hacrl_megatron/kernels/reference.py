@@ -48,7 +48,8 @@ def shard_stats(
 
     Args:
         hidden: [N, H]; weight: [V_local, H]; local_targets: [N] int64, target id minus the
-            shard's first id (outside [0, V_local) when the target lives on another rank).
+            shard's first id; any id outside [0, V_local) (``core.local_target_ids`` passes −1)
+            means the target lives on another rank.
         temperature: T > 0; chunk_size: rows per (zero-padded) tile.
 
     Returns three [N] tensors in the accumulation dtype: max_v z, Σ_v exp(z − max), and z of

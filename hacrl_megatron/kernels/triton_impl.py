@@ -125,10 +125,13 @@ def _shard_stats_kernel(h_ptr, w_ptr, tgt_ptr, max_ptr, sum_ptr, tl_ptr, N, V, K
         new_max = tl.maximum(run_max, tl.max(z, axis=1))  # finite: every block has a valid column
         run_sum = run_sum * tl.exp(run_max - new_max) + tl.sum(tl.exp(z - new_max[:, None]), axis=1)
         # only ~BLOCK_M/n_blocks of the blocks hold some row's target: skip the select elsewhere
-        # (the skipped terms are exact zeros, so the result does not depend on the skipping)
-        hits = ((tgt >= v0) & (tgt < v0 + BLOCK_V)).to(tl.int32)
+        # (the skipped terms are exact zeros, so the result does not depend on the skipping).
+        # The select is masked to this split's real columns: a target id past v_hi (another
+        # rank's, or the next split's) must not pick the −inf of the last block's empty columns.
+        hits = ((tgt >= v0) & (tgt < tl.minimum(v0 + BLOCK_V, v_hi))).to(tl.int32)
         if tl.max(hits, axis=0) > 0:
-            tgt_logit += tl.sum(tl.where(cols[None, :] == tgt[:, None], z, 0.0), axis=1)
+            is_tgt = (cols[None, :] == tgt[:, None]) & col_mask[None, :]
+            tgt_logit += tl.sum(tl.where(is_tgt, z, 0.0), axis=1)
         run_max = new_max
     out = pid_s * N + rows
     tl.store(max_ptr + out, run_max, mask=row_mask)

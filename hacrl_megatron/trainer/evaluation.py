@@ -1,10 +1,12 @@
-"""In-training evaluation: greedy accuracy of every agent's engine on the held-out set."""
+"""In-training evaluation of every agent's engine: greedy accuracy on the task's held-out set
+(``data.eval_size``), and avg@k / pass@k on the benchmarks of ``data.eval_benchmarks`` (the metrics of
+``hacrl eval``: k = ``train.eval_samples`` samples per problem at ``train.eval_temperature``)."""
 
 from __future__ import annotations
 
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord
-from hacrl_megatron.eval.evaluate import EvalSettings, evaluate
+from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.runtime import AgentRuntime
 
@@ -16,15 +18,60 @@ def evaluate_agents(runtimes: list[AgentRuntime], records: list[PromptRecord], v
     for rt in runtimes:
         settings = EvalSettings(greedy=True, max_new_tokens=max_new_tokens, template=rt.cfg.prompt_template)
         result = evaluate(rt.engine, rt.tokenizer, {"eval": records}, settings, verifier=verifier,
-                          model_name=rt.name)
+                          model_name=rt.name, log_each=False)
         out[rt.name] = result.benchmarks["eval"].primary
     return out
 
 
+def benchmark_settings(exp: ExperimentConfig, template: str, step: int) -> EvalSettings:
+    """How a benchmark evaluation samples: k = n = ``train.eval_samples`` at ``train.eval_temperature``
+    (0: greedy), responses of at most ``rollout.max_response_len`` tokens, seeded per step."""
+    t = exp.train
+    return EvalSettings(k=t.eval_samples, greedy=t.eval_temperature == 0, temperature=t.eval_temperature or 1.0,
+                        top_p=exp.rollout.top_p, max_new_tokens=exp.rollout.max_response_len, template=template,
+                        primary={}, seed=t.seed * 1_000_003 + step)
+
+
+def benchmark_keys(agent: str, bench: str, k: int) -> tuple[str, str]:
+    """The metric names of one agent on one benchmark: ``<agent>/eval/<bench>/avg@k`` and ``.../pass@k``."""
+    return f"{agent}/eval/{bench}/avg@{k}", f"{agent}/eval/{bench}/pass@{k}"
+
+
+def evaluate_benchmarks(runtimes: list[AgentRuntime], benchmarks: dict[str, list[PromptRecord]],
+                        verifier: VerifierPool, exp: ExperimentConfig, step: int) -> dict[str, float]:
+    """avg@k and pass@k (fractions in [0, 1]) of each agent on each benchmark, named by :func:`benchmark_keys`.
+
+    Each agent is evaluated alone with its own prompt template, as ``hacrl eval`` would evaluate its
+    exported weights (at inference the agents do not collaborate)."""
+    out: dict[str, float] = {}
+    for rt in runtimes:
+        result: EvalResult = evaluate(rt.engine, rt.tokenizer, benchmarks,
+                                      benchmark_settings(exp, rt.cfg.prompt_template, step), verifier=verifier,
+                                      model_name=rt.name, log_each=False)
+        for bench, b in result.benchmarks.items():
+            avg_key, pass_key = benchmark_keys(rt.name, bench, b.k)
+            out[avg_key], out[pass_key] = b.avg, b.pass_at_k
+    return out
+
+
+def format_scores(scores: dict[str, float]) -> str:
+    """One line of :func:`evaluate_benchmarks`' scores: ``llama: addition avg@4=0.290 pass@4=0.620; qwen3: ...``."""
+    per_agent: dict[str, dict[str, list[str]]] = {}
+    for key, value in scores.items():
+        agent, _, rest = key.partition("/eval/")
+        bench, _, metric = rest.partition("/")
+        per_agent.setdefault(agent, {}).setdefault(bench, []).append(f"{metric}={value:.3f}")
+    return "; ".join(f"{agent}: " + ", ".join(f"{bench} {' '.join(parts)}" for bench, parts in benches.items())
+                     for agent, benches in per_agent.items())
+
+
 def accuracy_table(history: dict[str, list[float]], exp: ExperimentConfig) -> str:
-    """Markdown before/after table of greedy eval accuracy per agent."""
+    """Markdown before/after table: each agent's greedy accuracy on the held-out set (rows named by the
+    agent), then each agent's avg@k on each benchmark (rows ``<agent>: <benchmark> avg@k``)."""
     lines = [f"| agent ({exp.hacpo.algorithm}) | before | after | change |", "|---|---|---|---|"]
     for name, values in history.items():
+        agent, _, rest = name.partition("/eval/")
+        label = f"{agent}: {rest.replace('/', ' ')}" if rest else name
         before, after = values[0], values[-1]
-        lines.append(f"| {name} | {before:.3f} | {after:.3f} | {after - before:+.3f} |")
+        lines.append(f"| {label} | {before:.3f} | {after:.3f} | {after - before:+.3f} |")
     return "\n".join(lines)

@@ -20,6 +20,7 @@ from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, p
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.data.eval_sets import load_eval_benchmarks
 from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
@@ -27,7 +28,12 @@ from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
-from hacrl_megatron.trainer.evaluation import accuracy_table, evaluate_agents
+from hacrl_megatron.trainer.evaluation import (
+    accuracy_table,
+    evaluate_agents,
+    evaluate_benchmarks,
+    format_scores,
+)
 from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
@@ -54,6 +60,7 @@ class Run:
     step: int = 0
     history: dict[str, list[float]] = field(default_factory=dict)
     weights_version: int = 0  # the version the engines hold: the weights at the start of step weights_version
+    benchmarks: dict[str, list[PromptRecord]] = field(default_factory=dict)  # data.eval_benchmarks' problems
 
     @property
     def names(self) -> list[str]:
@@ -64,6 +71,8 @@ def setup(exp: ExperimentConfig) -> Run:
     # data first: a missing, empty or malformed data file fails before any warm-up or model build
     task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed, path=exp.data.path)
     eval_records = task.eval_set(exp.data.eval_size)
+    d = exp.data
+    benchmarks = load_eval_benchmarks(d.eval_benchmarks, d.benchmark_paths, d.eval_limit, d.difficulty, d.seed)
     configure_process(exp)
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
@@ -79,7 +88,7 @@ def setup(exp: ExperimentConfig) -> Run:
                                 ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
     verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                             mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
-    run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records)
+    run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks)
     run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
                              lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
                              lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
@@ -255,13 +264,30 @@ def _rollout_state(run: Run) -> dict[str, Any]:
     return {"records": [r.to_state() for r in records], "next_index": run.source.next_index()}
 
 
+def _evaluates(exp: ExperimentConfig, step: int) -> bool:
+    """Whether the run evaluates after ``step`` steps: every train.eval_every steps and after the last one."""
+    e = exp.train.eval_every
+    return bool(e and (exp.data.eval_size or exp.data.eval_benchmarks) and (step % e == 0 or step == exp.train.steps))
+
+
 def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
+    """Greedy accuracy on the held-out set and avg@k / pass@k on the benchmarks, each printed once."""
+    metrics: dict[str, float] = {}
     with run.source.engines_idle():
-        acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
-    for name, value in acc.items():
-        run.history.setdefault(name, []).append(value)
-    out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(f"{k}={v:.3f}" for k, v in acc.items()))
-    return {f"{name}/eval_accuracy": value for name, value in acc.items()}
+        if run.eval_records:
+            acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
+            for name, value in acc.items():
+                run.history.setdefault(name, []).append(value)
+            out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(f"{k}={v:.3f}" for k, v in acc.items()))
+            metrics.update({f"{name}/eval_accuracy": value for name, value in acc.items()})
+        if run.benchmarks:
+            scores = evaluate_benchmarks(run.runtimes, run.benchmarks, run.verifier, run.exp, run.step)
+            for key, value in scores.items():
+                if "/avg@" in key:
+                    run.history.setdefault(key, []).append(value)
+            out.write(f"step {run.step}: eval {format_scores(scores)}")
+            metrics.update(scores)
+    return metrics
 
 
 def train(exp: ExperimentConfig) -> Run:
@@ -281,12 +307,11 @@ def _train(exp: ExperimentConfig) -> Run:
     out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step)
     failure = None
     try:
-        if not resumed and exp.train.eval_every and exp.data.eval_size:
+        if not resumed and _evaluates(exp, 0):
             out.log(0, _evaluate(run, out), advance=False)
         while run.step < exp.train.steps:
             metrics = guarded_step(run, train_step)  # a non-finite loss/grad/weights stops before the checkpoint
-            if exp.train.eval_every and exp.data.eval_size and (
-                    run.step % exp.train.eval_every == 0 or run.step == exp.train.steps):
+            if _evaluates(exp, run.step):
                 metrics.update(_evaluate(run, out))
             summary = {n: metrics[f"{n}/reward_mean"] for n in run.names}
             out.log(run.step, metrics, summary)

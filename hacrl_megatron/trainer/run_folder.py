@@ -58,6 +58,7 @@ LOCK_FILE = ".hacrl.lock"
 MAY_CHANGE_ON_RESUME = (
     "name", "output_dir", "train.steps", "train.eval_every", "train.cpu_threads", "train.micro_batch_size",
     "train.verifier_workers", "data.eval_size", "data.eval_benchmarks", "checkpoint.*", "log.*",
+    "train.eval_samples", "train.eval_temperature", "data.benchmark_paths", "data.eval_limit",
     "agents.*.workers", "agents.*.parallel.tp", "agents.*.parallel.pp", "agents.*.parallel.dp",
     "agents.*.parallel.sequence_parallel", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
     "rollout.sglang.*", "rollout.hf.*", "rollout.vllm.*",  # where and how the engines run, not what they sample

@@ -76,3 +76,21 @@ def test_cli_errors_name_the_missing_file_or_unknown_key(tmp_path, capsys):
 def test_colliding_folder_names_are_labelled_by_path(tmp_path):
     runs = pm.load_runs([write_run(tmp_path / "x" / "run"), write_run(tmp_path / "y" / "run")])
     assert list(runs) == [str(tmp_path / "x" / "run"), str(tmp_path / "y" / "run")]
+
+
+def test_benchmark_avg_keys_get_a_default_panel_each(tmp_path):
+    folder = write_run(tmp_path / "a")
+    rows = [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+    for row in rows:
+        if row["step"] % 2 == 0:  # evaluated with data.eval_benchmarks=[addition, gsm8k], k = 4
+            for agent in ("llama", "qwen3"):
+                row.update({f"{agent}/eval/addition/avg@4": 0.5, f"{agent}/eval/addition/pass@4": 0.7,
+                            f"{agent}/eval/gsm8k/avg@4": 0.25})
+    (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    runs = pm.load_runs([folder])
+    assert pm.default_keys(runs) == [*pm.DEFAULT_KEYS, "eval/addition/avg@4", "eval/gsm8k/avg@4"]
+    _, label, steps, values = pm.lines_for(runs, "eval/gsm8k/avg@4")[1]
+    assert (label, steps, values) == ("a: qwen3", [0, 2, 4, 6], [0.25] * 4)
+    out = tmp_path / "c.png"
+    assert pm.main([str(folder), "--out", str(out)]) == 0
+    assert out.read_bytes().startswith(PNG_MAGIC)
