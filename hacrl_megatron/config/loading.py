@@ -12,6 +12,13 @@ from typing import Any
 
 import yaml
 
+from hacrl_megatron.config.bounded_yaml import (
+    MAX_BASE_CHAIN,
+    MAX_DEPTH,
+    load_bounded,
+    read_preset_text,
+    short_repr,
+)
 from hacrl_megatron.config.schema import PRESET_DIR, ConfigError, ExperimentConfig
 from hacrl_megatron.config.validation import validate
 
@@ -53,13 +60,13 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
         if isinstance(value, tp):
             return value
         if not isinstance(value, dict):
-            raise ConfigError(f"{path}: expected a mapping for {tp.__name__}, got {value!r}")
+            raise ConfigError(f"{path}: expected a mapping for {tp.__name__}, got {short_repr(value)}")
         return from_dict(tp, value, path)
     origin = typing.get_origin(tp)
     if origin is list:
         (item_tp,) = typing.get_args(tp)
         if not isinstance(value, (list, tuple)):
-            raise ConfigError(f"{path}: expected a list, got {value!r}")
+            raise ConfigError(f"{path}: expected a list, got {short_repr(value)}")
         return [_coerce(v, item_tp, f"{path}.{i}") for i, v in enumerate(value)]
     if origin is dict:  # a name → value map (data.benchmark_paths): string keys, typed values
         key_tp, item_tp = typing.get_args(tp)
@@ -69,22 +76,22 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is bool:
         if isinstance(value, bool):
             return value
-        raise ConfigError(f"{path}: expected true/false, got {value!r}")
+        raise ConfigError(f"{path}: expected true/false, got {short_repr(value)}")
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
-        raise ConfigError(f"{path}: expected an integer, got {value!r}")
+        raise ConfigError(f"{path}: expected an integer, got {short_repr(value)}")
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
         # YAML 1.1 reads 1e-3 (no dot) as a string; a plain decimal or exponent literal is still a number
         if isinstance(value, str) and FLOAT_LITERAL.fullmatch(value.strip()):
             return float(value)
-        raise ConfigError(f"{path}: expected a number, got {value!r}")
+        raise ConfigError(f"{path}: expected a number, got {short_repr(value)}")
     if tp is str:
         if isinstance(value, str):
             return value
-        raise ConfigError(f"{path}: expected a string, got {value!r}")
+        raise ConfigError(f"{path}: expected a string, got {short_repr(value)}")
     return value
 
 
@@ -140,22 +147,37 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
 
 
-def read_preset(preset: str) -> dict[str, Any]:
-    """Read a built-in preset name or a YAML path into a plain dict (``base:`` chains are merged)."""
+def read_preset(preset: str, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read a built-in preset name or a YAML path into a plain dict (``base:`` chains are merged).
+
+    A ``base:`` path is relative to the folder of the preset that names it (a built-in name has no
+    suffix). Cycles, chains longer than ``MAX_BASE_CHAIN`` and files outside the bounds of
+    :mod:`.bounded_yaml` (size, alias expansion, nesting) raise ConfigError naming the file.
+    """
     path = Path(preset)
-    if not path.suffix:
+    if not path.suffix and "/" not in preset:  # a built-in name; a path without a suffix is still a path
         path = PRESET_DIR / f"{preset}.yaml"
+    elif _chain and not path.is_absolute():
+        path = _chain[-1].parent / path
     if not path.exists():
         raise ConfigError(f"preset {preset!r}: no such file {path}; built-in presets: {preset_names()}")
+    what = f"preset file {path}"
+    if path.resolve() in _chain:
+        cycle = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise ConfigError(f"{what}: base: chain returns to a preset it already read ({cycle})")
+    if len(_chain) >= MAX_BASE_CHAIN:
+        raise ConfigError(f"{what}: base: chain longer than {MAX_BASE_CHAIN} presets")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = load_bounded(read_preset_text(path, what), what) or {}
     except yaml.YAMLError as err:
-        raise ConfigError(f"preset file {path}: malformed YAML at {_yaml_problem(err)}") from None
+        raise ConfigError(f"{what}: malformed YAML at {_yaml_problem(err)}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"preset {preset!r}: top level must be a mapping, got {type(data).__name__}")
     base = data.pop("base", None)
     if base is not None:
-        data = deep_merge(read_preset(base), data)
+        if not isinstance(base, str) or not base.strip():
+            raise ConfigError(f"{what}: base: must be a preset name or a YAML path, got {short_repr(base)}")
+        data = deep_merge(read_preset(base, (*_chain, path.resolve())), data)
     return data
 
 
@@ -171,11 +193,14 @@ def apply_override(data: dict[str, Any], override: str) -> None:
     if "=" not in override:
         raise ConfigError(f"override {override!r}: expected dotted.key=value")
     key, raw = override.split("=", 1)
+    what = f"override {short_repr(override)}"
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = load_bounded(raw, what) if raw != "" else ""
     except yaml.YAMLError as err:
-        raise ConfigError(f"override {override!r}: the value is malformed YAML at {_yaml_problem(err)}") from None
+        raise ConfigError(f"{what}: the value is malformed YAML at {_yaml_problem(err)}") from None
     parts = key.strip().split(".")
+    if len(parts) > MAX_DEPTH:
+        raise ConfigError(f"{what}: the key has {len(parts)} parts, more than any config field ({MAX_DEPTH})")
     node: Any = data
     for i, part in enumerate(parts[:-1]):
         nxt = parts[i + 1]

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from hacrl_megatron.config.bounded_yaml import short_repr
 from hacrl_megatron.config.schema import ConfigError
 from hacrl_megatron.outputs import path_problem
 
@@ -251,11 +252,11 @@ def range_error(cfg: Any) -> RangeError | None:
         if pattern in NUMBERS and isinstance(value, (int, float)) and not isinstance(value, bool):
             interval = NUMBERS[pattern]
             if not interval.holds(value):
-                return RangeError(path, f"{path}={value!r}: {interval.describe(value)} ({interval.why})")
+                return RangeError(path, f"{path}={short_repr(value)}: {interval.describe(value)} ({interval.why})")
         elif pattern in TEXTS:
             problem = TEXTS[pattern](value)
             if problem:
-                return RangeError(path, f"{path}={value!r}: {problem}")
+                return RangeError(path, f"{path}={short_repr(value)}: {problem}")
     return None
 
 

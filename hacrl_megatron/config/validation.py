@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hacrl_megatron.config.bounded_yaml import short_repr
 from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
 from hacrl_megatron.config.ranges import range_error, validate_ranges
 from hacrl_megatron.config.schema import (
@@ -42,7 +43,7 @@ from hacrl_megatron.config.schema import (
 
 def _rule(ok: bool, path: str, value: Any, rule: str) -> None:
     if not ok:
-        raise ConfigError(f"{path}={value!r}: {rule}")
+        raise ConfigError(f"{path}={short_repr(value)}: {rule}")
 
 
 def _one_of(path: str, value: Any, allowed: tuple[str, ...]) -> None:
