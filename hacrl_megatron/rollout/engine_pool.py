@@ -9,7 +9,11 @@ call's prompts over the live engines by *pending tokens* (largest job first to t
 the fewest tokens in flight; a job costs ``(prompt length + max_new_tokens) · n``), sends every
 engine its share concurrently, and keeps what finished. An engine whose server died
 (:class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` and the server is gone) is
-restarted in the background while its prompts go to the survivors; the restarted server gets the
+restarted in the background while its prompts go to the survivors, and so is one that is up but
+cannot serve (it answers HTTP 5xx to a generation or a weight update, as vLLM does once its engine
+core died: one warning names the agent, the engine and the server's own last error lines; a server
+that keeps answering 5xx after :data:`MAX_FAULT_RESTARTS` restarts in a row stays down, named in the
+error of the pool's next call that finds no engine left); the restarted server gets the
 current weights back from the weight transport (disk: reloads the last folder) or, for
 transports that need the trainer (tensor, distributed), from the last ``export`` given to
 :meth:`EnginePool.sync_from` at the pool's next call (never concurrently with the trainer). A
@@ -25,6 +29,7 @@ around the next sync.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -39,12 +44,15 @@ from hacrl_megatron.rollout.protocol import (
     WeightTransport,
     check_reachable,
 )
+from hacrl_megatron.rollout.servers import server_fault, server_log_errors
 from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
 if TYPE_CHECKING:
     import torch
 
+logger = logging.getLogger(__name__)
 READY, STALE, DEAD = "ready", "stale", "dead"  # stale: restarted, still on its initial weights
+MAX_FAULT_RESTARTS = 2  # restarts in a row of a server that answers 5xx before it is left down
 Export = Callable[[], Iterable[tuple[str, "torch.Tensor"]]]
 
 
@@ -56,6 +64,7 @@ class _Slot:
     recovery: threading.Thread | None = None
     error: BaseException | None = None
     lost_jobs: int = 0  # prompts re-sent elsewhere because this engine died with them
+    faults: int = 0  # 5xx answers in a row (reset by a served request): restarts for faults
     sequences: int = field(default=0)
 
 
@@ -126,12 +135,19 @@ class EnginePool:
             self._start_recovery(slot)
             slot.lost_jobs += len(share)
             return share
+        except EngineError as err:
+            if server_fault(err) is None:
+                raise  # a refusal (4xx: a bad request) is ours to report, not the server's fault
+            self._fault(slot, err, "a generation")
+            slot.lost_jobs += len(share)
+            return share
         finally:
             with self._lock:
                 slot.pending_tokens -= cost
         for p, group in zip(share, groups):
             out[p] = group
         slot.sequences += len(share) * n
+        slot.faults = 0
         return []
 
     def generate(self, prompt_token_ids: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
@@ -175,6 +191,24 @@ class EnginePool:
             slot.recovery = threading.Thread(target=self._recover, args=(slot,), daemon=True,
                                              name=f"{self.name}-{slot.engine.name}-restart")
             slot.recovery.start()
+
+    def _fault(self, slot: _Slot, err: BaseException, during: str) -> None:
+        """``slot``'s server answered 5xx: one warning, then a restart and a resync like a dead one
+        (or, after :data:`MAX_FAULT_RESTARTS` in a row, it stays down with ``err``)."""
+        status, _ = server_fault(err) or (0, "")
+        slot.faults += 1
+        engine = slot.engine
+        logger.warning("agent %r, %s (%s): the server answered HTTP %d to %s, so it is up but cannot serve; %s. "
+                       "Its reply: %s\nThe server's last error lines:\n%s", self.name, engine.name,
+                       getattr(engine, "base_url", "in process"), status, during,
+                       "restarting it and resyncing its weights" if slot.faults <= MAX_FAULT_RESTARTS
+                       else f"leaving it down after {MAX_FAULT_RESTARTS} restarts in a row", err,
+                       server_log_errors(engine))
+        if slot.faults > MAX_FAULT_RESTARTS:
+            with self._lock:
+                slot.state, slot.error = DEAD, err
+            return
+        self._start_recovery(slot)
 
     def _recover(self, slot: _Slot) -> None:
         """Restart ``slot``'s server and let the transport restore the current weights (runs in a
@@ -231,11 +265,14 @@ class EnginePool:
         version, dead = self.weight_version + 1, []
         try:
             count = self.transport.push([s.engine for s in targets], tensors(), version)
-        except EngineUnreachable:
-            dead = [s for s in targets if not s.engine.alive()]
+        except EngineError as err:
+            dead = self._failed_in_push(targets, err)
             targets = [s for s in targets if s not in dead]
-            if not (can_retry and dead and targets):
+            if not (can_retry and dead):
                 raise
+            if not targets:  # every engine failed: restart them now and push to them again
+                targets = self._restart_now(dead, err)
+                dead = [s for s in dead if s not in targets]
             count = self.transport.push([s.engine for s in targets], tensors(), version)
         self.weight_version = version
         for s in targets:
@@ -247,6 +284,33 @@ class EnginePool:
                 s.engine.resume_memory(["kv_cache"])
             self._released = False
         return count
+
+    def _failed_in_push(self, targets: list[_Slot], err: EngineError) -> list[_Slot]:
+        """The engines a push failed on: down (unreachable) or up but answering 5xx (a warning each);
+        [] when the error is neither (a refused request: the caller re-raises it)."""
+        fault = server_fault(err)
+        if fault is None:
+            return [s for s in targets if not s.engine.alive()] if isinstance(err, EngineUnreachable) else []
+        url = fault[1]
+        faulty = [s for s in targets if url.startswith(getattr(s.engine, "base_url", "\0"))]
+        for s in faulty:
+            s.faults += 1
+            if s.faults <= MAX_FAULT_RESTARTS:
+                logger.warning("agent %r, %s (%s): the server answered HTTP %d to a weight update, so it is up but "
+                               "cannot serve; restarting it and resyncing its weights. Its reply: %s\nThe server's "
+                               "last error lines:\n%s", self.name, s.engine.name, s.engine.base_url, fault[0], err,
+                               server_log_errors(s.engine))
+        return [s for s in faulty if s.faults <= MAX_FAULT_RESTARTS]
+
+    def _restart_now(self, slots: list[_Slot], err: EngineError) -> list[_Slot]:
+        """Restart ``slots`` in this thread (no engine is left to push to); those that came back."""
+        for s in slots:
+            self._recover(s)
+        back = [s for s in slots if s.state in (READY, STALE)]
+        if not back:
+            raise EngineError(f"agent {self.name!r}: every engine failed the weight update and none came back "
+                              f"after a restart ({'; '.join(f'{s.engine.name}: {s.error}' for s in slots)})") from err
+        return back
 
     def load_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> int:
         """Push HF-named full tensors to every engine; returns how many were sent."""

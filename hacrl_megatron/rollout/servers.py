@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -97,6 +98,28 @@ def error_lines(path: Path, count: int = 8, chars: int = 4000) -> str:
 def startup_failure(kind: str, what: str, log_path: Path) -> str:
     """The message of a server that did not come up: ``what`` happened, its own error lines, its log."""
     return f"{kind} server {what}; its errors (log {log_path}):\n{error_lines(log_path)}"
+
+
+def server_fault(err: BaseException) -> tuple[int, str] | None:
+    """``(HTTP status, URL)`` when ``err`` was raised from a server's 5xx answer (the server is up but
+    cannot serve: vLLM after its engine core died answers 500 to everything), else None. Engine
+    clients raise their errors ``from`` urllib's ``HTTPError``, which is found on the cause chain."""
+    seen: BaseException | None = err
+    while seen is not None:
+        if isinstance(seen, urllib.error.HTTPError) and seen.code >= 500:
+            return seen.code, seen.url or ""
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def server_log_errors(engine: Any, count: int = 6) -> str:
+    """The last error lines of the log of the server behind ``engine`` when this process started it
+    (a Ray-placed server's log is on its node: its path is named instead)."""
+    server = getattr(engine, "server", None)
+    path = getattr(server, "log_path", None)
+    if path is None:
+        return "(no server log in this process)"
+    return error_lines(Path(path), count=count)
 
 
 class ServerLifecycle:

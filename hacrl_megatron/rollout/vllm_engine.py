@@ -53,6 +53,16 @@ from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seed
 COMPLETIONS = "/v1/completions"
 
 
+def waited_for(path: str) -> str:
+    """What a request on ``path`` waits for, in a timeout's message (the first ones after a start or a
+    reload are the slow ones: the server compiles its graphs for the shapes it meets)."""
+    if path.startswith(COMPLETIONS):
+        return "a generation or a log-prob scoring (the first ones after a start or a weight reload compile)"
+    if path == "/collective_rpc" or "weight" in path:
+        return "the server to load new weights (its workers reload every tensor)"
+    return "the server's answer"
+
+
 class VLLMError(EngineError):
     """The vLLM server refused or failed a request; the message carries its reply."""
 
@@ -122,7 +132,10 @@ class VLLMEngine(ServerLifecycle):
             raise VLLMError(f"vLLM {method} {self.base_url}{path} -> HTTP {e.code}: {detail}") from e
         except urllib.error.URLError as e:
             raise VLLMUnreachable(f"vLLM {method} {path}: cannot reach {self.base_url}: {e.reason}") from e
-        except (ConnectionError, TimeoutError) as e:  # reset mid-reply, or no reply within timeout
+        except TimeoutError as e:  # the server took the request and did not answer in time
+            raise VLLMUnreachable(f"vLLM {method} {self.base_url}{path}: no reply within {self.timeout:.0f} s "
+                                  f"(the client's per-request timeout) while waiting for {waited_for(path)}") from e
+        except ConnectionError as e:  # reset mid-reply
             raise VLLMUnreachable(f"vLLM {method} {self.base_url}{path}: {type(e).__name__}: {e}") from e
         if not body:
             return None
