@@ -308,7 +308,7 @@ class TrainConfig:
 class DataConfig:
     """Training and evaluation prompts."""
 
-    task: str = "addition"  # procedural: addition | arithmetic | countdown | linear; or a dataset name
+    task: str = "addition"  # procedural: addition | addition_cot | arithmetic | countdown | linear; or a dataset name
     path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file)
     checker: str | None = None  # a user's verifier replacing the built-in one for every reward:
     # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in [0, 1]
@@ -344,6 +344,12 @@ class LogConfig:
     wandb_project: str = "hacrl"
     progress: bool = True
     every: int = 1
+    # the step's generations in <output_dir>/samples/step-NNNNNN.jsonl (question, reference, every agent's
+    # completions with reward, length, advantages, cross ratios) on the first step, every samples_every steps
+    # and the last; a few also as TensorBoard text / a wandb table; 0: never. `hacrl samples RUN` prints them
+    samples_every: int = 10
+    samples_prompts: int = 4  # prompts per samples file (each with every agent's G completions)
+    samples_max_chars: int = 2000  # each completion's text is cut at this many characters
 
 
 @dataclass

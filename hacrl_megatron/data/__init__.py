@@ -1,7 +1,7 @@
 """data stage: verifiable prompts for training and evaluation.
 
 - :class:`PromptRecord` (id, question, answer, source, kind): the record every stage passes on;
-- :func:`make_task` (name, difficulty, seed): procedural tasks (addition, arithmetic, linear,
+- :func:`make_task` (name, difficulty, seed): procedural tasks (addition, addition_cot, arithmetic, linear,
   countdown) or a local dataset, with ``sample`` / ``eval_set`` / ``sft_target``;
 - :func:`load_benchmark` (name, path, limit): MATH, MATH-500, GSM8K, AIME2025, AMC23, Minerva,
   OlympiadBench from local files;

@@ -1,10 +1,11 @@
 """Procedural verifiable tasks: seeded, dependency-free, identical on every machine.
 
-Four generators (the CPU demo runs ``addition``):
+Five generators (the CPU demo runs ``addition``, the heterogeneous-state preset ``addition_cot``):
 
 | task | question (difficulty d) | kind | answer |
 |---|---|---|---|
 | addition | ``37+48=?`` — two d-digit numbers (d = 1: 0..9) | integer | ``85`` |
+| addition_cot | as addition; the SFT target works column by column: ``7+8=15,3+4+1=8 \\boxed{85}`` | integer | ``85`` |
 | arithmetic | ``12*34-56=?`` — three d-digit operands, ops from + − × (usual precedence) | integer | ``352`` |
 | linear | ``Solve for x: 3*x+5=20`` — integer solution, coefficients of up to d digits | integer | ``5`` |
 | countdown | ``Make 24 from 2, 3, 5, 7 using + - * / (each number at most once).`` — d + 2 numbers in 1..10d | countdown | ``24|2,3,5,7`` |
@@ -22,6 +23,7 @@ problem, so no eval problem is ever trained on.
 from __future__ import annotations
 
 import abc
+import dataclasses
 import hashlib
 import random
 import re
@@ -33,7 +35,7 @@ from hacrl_megatron.reward.countdown import encode_countdown_reference
 EVAL_BUCKETS = 10  # 1 in 10 problems is reserved for evaluation
 MAX_DIFFICULTY = 12
 _MAX_REDRAWS = 2000
-_ID_RE = re.compile(r"^(?P<task>[a-z]+)-d(?P<d>\d+)-s(?P<seed>-?\d+)-(?P<split>train|eval)-(?P<index>\d+)$")
+_ID_RE = re.compile(r"^(?P<task>[a-z_]+)-d(?P<d>\d+)-s(?P<seed>-?\d+)-(?P<split>train|eval)-(?P<index>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -145,6 +147,40 @@ class AdditionTask(ProceduralTask):
         return _Problem(f"{a}+{b}=?", total, f"{min(a, b)}+{max(a, b)}", f"\\boxed{{{total}}}")
 
 
+class AdditionCoTTask(AdditionTask):
+    """``a+b=?`` as :class:`AdditionTask`, with a chain-of-thought SFT target written out column by
+    column from the ones digit, each column's sum including the carry it received::
+
+        14+56=?  ->  4+6=10,1+5+1=7 \\boxed{70}        (~25 characters for d = 2)
+
+    The same distribution of problems, keys and train/eval split rule as ``addition`` (its own item
+    stream, seeded by its name); the verifier reads only the boxed answer, so a response earns its
+    reward by the final sum alone.
+    """
+
+    name = "addition_cot"
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        plain = super()._generate(rng)
+        a, b = (int(v) for v in plain.question[:-2].split("+"))
+        return dataclasses.replace(plain, solution=f"{cot_columns(a, b, self.difficulty)} {plain.solution}")
+
+
+def cot_columns(a: int, b: int, digits: int) -> str:
+    """The column sums of ``a + b`` over ``digits`` columns, ones first: ``"4+6=10,1+5+1=7"``.
+
+    Column i reads ``x+y=s`` (``x+y+1=s`` after a carry), where s is the full column sum, so the
+    last column's s is the leading part of the answer and each earlier column gives its last digit.
+    """
+    steps, carry = [], 0
+    for i in range(digits):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        total = x + y + carry
+        steps.append(f"{x}+{y}{'+1' if carry else ''}={total}")
+        carry = total // 10
+    return ",".join(steps)
+
+
 def _apply(op: str, a: int, b: int) -> int:
     return a + b if op == "+" else a - b if op == "-" else a * b
 
@@ -230,5 +266,5 @@ class CountdownTask(ProceduralTask):
 
 
 TASKS: dict[str, type[ProceduralTask]] = {
-    cls.name: cls for cls in (AdditionTask, ArithmeticTask, LinearTask, CountdownTask)
+    cls.name: cls for cls in (AdditionTask, AdditionCoTTask, ArithmeticTask, LinearTask, CountdownTask)
 }

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from hacrl_megatron.data import TASKS, PromptRecord, make_task
+from hacrl_megatron.data.procedural import cot_columns
 from hacrl_megatron.reward import RewardRequest, parse_countdown_reference, score_request
 from hacrl_megatron.reward.countdown import countdown_expression_value
 
 # Pinned first items (difficulty 2, seed 1234): a change here changes every experiment's data.
 PINNED = {
     "addition": [("44+44=?", "88"), ("20+28=?", "48"), ("25+79=?", "104")],
+    "addition_cot": [("25+45=?", "70"), ("35+98=?", "133"), ("23+64=?", "87")],
     "arithmetic": [("47+70-86=?", "31"), ("48+10*98=?", "1028"), ("88-92+52=?", "48")],
     "linear": [
         ("Solve for x: 3*x+75=-144", "-73"),
@@ -81,6 +83,31 @@ def test_eval_disjoint_and_sft_targets_are_correct(name, difficulty):
         )
 
 
+def test_addition_cot_targets_work_column_by_column():
+    assert cot_columns(14, 56, 2) == "4+6=10,1+5+1=7"
+    assert cot_columns(99, 99, 2) == "9+9=18,9+9+1=19"
+    assert cot_columns(382, 664, 3) == "2+4=6,8+6=14,3+6+1=10"
+    assert cot_columns(3, 4, 1) == "3+4=7"
+    task = make_task("addition_cot", 2, 0)
+    for rec in task.sample(200):
+        a, b = map(int, rec.question[:-2].split("+"))
+        target = task.sft_target(rec)
+        steps, boxed = target.split(" ")
+        assert boxed == f"\\boxed{{{a + b}}}" and len(target) <= 27
+        carry, digits = 0, []
+        for i, step in enumerate(steps.split(",")):  # each column's sum is right, carry included
+            lhs, total = step.split("=")
+            assert lhs == f"{a // 10**i % 10}+{b // 10**i % 10}" + ("+1" if carry else "")
+            assert int(total) == sum(map(int, lhs.split("+")))
+            carry = int(total) // 10
+            digits.append(total if i == 1 else total[-1])
+        assert int("".join(reversed(digits))) == a + b
+        # the verifier reads the boxed answer only: wrong working with the right box still scores 1
+        assert score_request(RewardRequest(rec.kind, f"0+0=0 {boxed}", rec.answer)) == 1.0
+        assert score_request(RewardRequest(rec.kind, f"{steps} \\boxed{{{a + b + 1}}}", rec.answer)) == 0.0
+    assert task.sample(5)[0].id.startswith("addition_cot-d2-s0-train-")
+
+
 def test_question_shapes():
     add = make_task("addition", 2, 0).sample(200)
     assert all(re.fullmatch(r"\d{2}\+\d{2}=\?", r.question) for r in add)
@@ -100,7 +127,7 @@ def test_question_shapes():
 
 
 def test_errors_name_the_problem():
-    with pytest.raises(ValueError, match="unknown task 'sudoku'; procedural tasks: addition, arithmetic"):
+    with pytest.raises(ValueError, match="unknown task 'sudoku'; procedural tasks: addition, addition_cot, arithmetic"):
         make_task("sudoku", 2, 0)
     with pytest.raises(ValueError, match=r"difficulty=0 must be an int in \[1, 12\]"):
         make_task("addition", 0, 0)
