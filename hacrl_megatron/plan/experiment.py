@@ -53,7 +53,11 @@ from hacrl_megatron.plan.timing import (
     SCHEDULE,
     Assumptions,
     Tokens,
+    checkpoint_seconds,
+    checkpoints_per_run,
+    export_seconds,
     overlapped_step_seconds,
+    retokenize_seconds,
     sequential_step_seconds,
     step_seconds,
     verify_seconds,
@@ -108,12 +112,40 @@ def _with_dtype(spec: ArchSpec, dtype: str) -> ArchSpec:
     return dataclasses.replace(spec, dtype=dtype)
 
 
+def step_tokens(cfg: ExperimentConfig) -> Tokens:
+    """One agent's step :class:`Tokens` under the method the loop builds from ``cfg.hacpo``
+    (:func:`hacrl_megatron.algo.build_algorithm`: its samples per prompt, shared or own rollouts,
+    and the π_old / reference passes it asks for)."""
+    from hacrl_megatron.algo import build_algorithm
+
+    r, t = cfg.rollout, cfg.train
+    method = build_algorithm(cfg.hacpo, len(cfg.agents))
+    passes = method.passes
+    return Tokens(prompts=t.prompts_per_step, samples=r.samples_per_prompt, agents=len(cfg.agents),
+                  prompt_len=r.max_prompt_len, max_response_len=r.max_response_len, updates=t.mini_batches,
+                  micro_batch=t.micro_batch_size, rollout_multiplier=method.samples_per_prompt(1),
+                  shares_rollouts=method.shares_rollouts, old_on_others=passes.learner_old_on_others,
+                  reference=passes.reference_on_self)
+
+
+def cross_responses(cfg: ExperimentConfig, works: list[AgentWork]) -> int:
+    """Cross responses the controller re-encodes per step (``Exchange.views``): for every learner,
+    each other agent's ``B·G`` responses when their tokenizers differ, once for the learner batch
+    and once more for the π_old pass over others' responses. The loop compares tokenizer
+    fingerprints; the planner, without the files, takes two agents' tokenizers as the same when
+    their ``tokenizer`` entries are equal or their models' vocabularies have the same size."""
+    tokens = works[0].tokens
+    if not tokens.shares_rollouts:
+        return 0
+    keys = [(a.tokenizer, w.spec.vocab_size) for a, w in zip(cfg.agents, works)]
+    differ = sum(1 for k, a in enumerate(keys) for j, b in enumerate(keys) if k != j and a[0] != b[0] and a[1] != b[1])
+    return differ * tokens.own_sequences * (2 if tokens.old_on_others else 1)
+
+
 def agent_works(cfg: ExperimentConfig) -> tuple[list[AgentWork], list[str]]:
     """Each agent's :class:`AgentWork` from the config (micro-batches padded to the longest sequence)."""
     r, t = cfg.rollout, cfg.train
-    tokens = Tokens(prompts=t.prompts_per_step, samples=r.samples_per_prompt, agents=len(cfg.agents),
-                    prompt_len=r.max_prompt_len, max_response_len=r.max_response_len, updates=t.mini_batches,
-                    micro_batch=t.micro_batch_size)
+    tokens = step_tokens(cfg)
     works, sources = [], []
     for agent in cfg.agents:
         spec, source = agent_spec(agent)
@@ -257,9 +289,11 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assum
     if sglang:
         _engine_limit(works, cluster, choices)
     verify_s = verify_seconds(works[0].tokens, cfg.train.verifier_workers, assumptions)
-    best = _search(works, cluster, choices, assumptions, verify_s, objective)
+    retokenize_s = retokenize_seconds(cross_responses(cfg, works), works[0].tokens, assumptions)
+    best = _search(works, cluster, choices, assumptions, (verify_s, retokenize_s), objective)
     _, choice, place, plans = best
-    step = _step(plans, verify_s, overlapping=choice is not None and not place.colocated)
+    step = _step(plans, (verify_s, retokenize_s), overlapping=choice is not None and not place.colocated)
+    step.update(_run_terms(cfg, works, step, assumptions))
     overrides = _overrides(cfg, plans, choice, place, cluster)
     notes = [f"schedule: {SCHEDULE}"]
     if choice is not None and cluster.nodes > 1:
@@ -271,7 +305,7 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assum
 
 
 def _search(works: list[AgentWork], cluster: Cluster, choices: list[Rollout | None], assumptions: Assumptions,
-            verify_s: float, objective: str) -> tuple[float, Rollout | None, Placement, list[AgentPlan]]:
+            controller: tuple[float, float], objective: str) -> tuple[float, Rollout | None, Placement, list[AgentPlan]]:
     """The fastest (step of ``objective``, rollout choice, placement, agent plans) over every choice
     and candidate placement; raises :class:`PlanError` for the first agent that never fits."""
     best, closest, fit_any = None, [None] * len(works), [False] * len(works)
@@ -289,7 +323,7 @@ def _search(works: list[AgentWork], cluster: Cluster, choices: list[Rollout | No
                     closest[i] = near
                 plans.append(p)
             if all(plans):
-                stages = step_seconds([p.times for p in plans], verify_s)
+                stages = step_seconds([p.times for p in plans], *controller)
                 key = stages["total_s"] if objective == "sync" else overlapped_step_seconds(stages)
                 if best is None or key < best[0]:
                     best = (key, choice, place, plans)
@@ -314,19 +348,31 @@ def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, ass
     return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: shortfall(p, cluster)) if cands else None)
 
 
-def _step(plans: list[AgentPlan], verify_s: float, overlapping: bool) -> dict:
+def _step(plans: list[AgentPlan], controller: tuple[float, float], overlapping: bool) -> dict:
     """The step under the loop's schedule: its stages, ``total_s``, the previous loop's
     ``sequential_s``, the overlapped ``one_step_off_s`` / ``async_s`` (None when the engines share
-    the trainers' GPUs and so cannot generate while they train) and the GSPO×2 comparison."""
+    the trainers' GPUs and so cannot generate while they train) and the GSPO×2 comparison.
+    ``controller``: the controller's (verify, re-tokenisation) seconds."""
     times = [p.times for p in plans]
-    step = step_seconds(times, verify_s)
-    step["sequential_s"] = sequential_step_seconds(times, verify_s)
+    step = step_seconds(times, *controller)
+    step["sequential_s"] = sequential_step_seconds(times, *controller)
     overlapped = overlapped_step_seconds(step) if overlapping else None
     step["one_step_off_s"] = step["async_s"] = overlapped
-    gspo = step_seconds([{**t, "rollout_s": t.get("gspo_x2_rollout_s", 0.0)} for t in times], verify_s)
+    gspo = step_seconds([{**t, "rollout_s": t.get("gspo_x2_rollout_s", 0.0)} for t in times], *controller)
     step["gspo_x2_rollout_s"], step["gspo_x2_total_s"] = gspo["rollout_s"], gspo["total_s"]
     step["hacpo_rollout_saving_s"] = gspo["rollout_s"] - step["rollout_s"]
     return step
+
+
+def _run_terms(cfg: ExperimentConfig, works: list[AgentWork], step: dict, a: Assumptions) -> dict:
+    """What a whole run adds to its steps: ``checkpoint_s`` (one checkpoint of every agent),
+    ``checkpoints`` (how many ``checkpoint.every`` writes), ``export_s`` (the final HF export) and
+    ``run_s`` (``train.steps`` synchronous steps plus those; evaluation not counted)."""
+    params = [w.spec.num_parameters() for w in works]
+    ckpt, export = checkpoint_seconds(params, a), export_seconds(params, a)
+    count = checkpoints_per_run(cfg.train.steps, cfg.checkpoint.every)
+    return {"checkpoint_s": ckpt, "checkpoints": count, "export_s": export,
+            "run_s": cfg.train.steps * step["total_s"] + count * ckpt + export}
 
 
 def _no_fit(a: AgentWork, gpus: int, cluster: Cluster, near: AgentPlan | None) -> str:

@@ -61,9 +61,13 @@ def step_fields(plan: ExperimentPlan) -> dict[str, Any]:
     """The step-time keys of ``hacrl plan --json`` (seconds): ``step_time_s`` (the loop's schedule,
     synchronous rollout), ``step_time_sequential_s`` (the previous loop: agents one after another
     outside training), ``step_time_one_step_off_s`` / ``step_time_async_s`` (rollout overlapped;
-    None when this plan's engines are colocated), ``step_stages_s`` (each stage's slowest agent)."""
+    None when this plan's engines are colocated), ``step_stages_s`` (each stage's slowest agent),
+    and the run's terms outside a step: ``checkpoint_s`` (one checkpoint), ``checkpoints`` (how many),
+    ``export_s`` (the final export), ``run_time_s`` (every step, checkpoint and the export)."""
     s = plan.step
     return {"step_time_s": _r(s["total_s"]), "step_time_sequential_s": _r(s["sequential_s"]),
+            "checkpoint_s": _r(s["checkpoint_s"]), "checkpoints": s["checkpoints"], "export_s": _r(s["export_s"]),
+            "run_time_s": _r(s["run_s"]),
             "step_time_one_step_off_s": _r(s["one_step_off_s"]), "step_time_async_s": _r(s["async_s"]),
             "step_stages_s": {k: _r(s[k]) for k in STAGES},
             "step_gspo_x2_s": {"rollout_s": _r(s["gspo_x2_rollout_s"]), "total_s": _r(s["gspo_x2_total_s"]),
@@ -197,8 +201,10 @@ def render_text(obj: dict[str, Any]) -> str:
 def _step_lines(obj: dict[str, Any]) -> list[str]:
     st, g = obj["step_stages_s"], obj["step_gspo_x2_s"]
     lines = [f"step estimate: {obj['step_time_s']:.1f} s = rollout {st['rollout_s']:.1f} + verify {st['verify_s']:.1f}"
-             f" + pi_old {st['old_logprob_s']:.1f} + train {st['train_s']:.1f} + sync {st['sync_s']:.1f} (every "
-             "stage for all agents at once, each its slowest agent's time)",
+             f" + re-tokenise {st['retokenize_s']:.1f} + pi_old {st['old_logprob_s']:.1f} + train {st['train_s']:.1f}"
+             f" + sync {st['sync_s']:.1f} (every stage for all agents at once, each its slowest agent's time)",
+             f"  run: {obj['run_time_s']:.0f} s = steps + {obj['checkpoints']} checkpoint(s) of {obj['checkpoint_s']:.1f} s"
+             f" + final export {obj['export_s']:.1f} s (evaluation not counted)",
              f"  previous loop (rollout, pi_old and sync one agent after another): "
              f"{obj['step_time_sequential_s']:.1f} s"]
     off = obj.get("step_time_one_step_off_s")

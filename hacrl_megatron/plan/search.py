@@ -32,7 +32,14 @@ from hacrl_megatron.plan.memory import (
     most_loaded,
     trainer_memory,
 )
-from hacrl_megatron.plan.timing import Assumptions, Tokens, rollout_seconds, sync_seconds, train_seconds
+from hacrl_megatron.plan.timing import (
+    Assumptions,
+    Tokens,
+    probe_seconds,
+    rollout_seconds,
+    sync_seconds,
+    train_seconds,
+)
 
 COLOCATED_FRACTIONS = (0.3, 0.4, 0.5, 0.6, 0.7)
 SEPARATE_FRACTION = 0.85  # an engine alone on its GPUs (SGLang's own default is about this)
@@ -189,13 +196,15 @@ def _times(a: AgentWork, layout: Layout, gpu: GPU, rollout: Rollout | None, eng:
     times = train_seconds(a.spec, layout, gpu, a.tokens, assumptions)
     if rollout is None or eng is None or engines < 1 or eng.kv_tokens < a.tokens.prompt_len + a.tokens.max_response_len:
         return times
-    sequences = a.tokens.prompts * a.tokens.samples
-    hacpo = rollout_seconds(a.spec, eng, engines, gpu, sequences, a.tokens, assumptions)
-    gspo2 = rollout_seconds(a.spec, eng, engines, gpu, 2 * sequences, a.tokens, assumptions)
+    hacpo = rollout_seconds(a.spec, eng, engines, gpu, a.tokens.own_sequences, a.tokens, assumptions)
+    gspo2 = rollout_seconds(a.spec, eng, engines, gpu, 2 * a.tokens.prompts * a.tokens.samples, a.tokens,
+                            assumptions)
+    transfer = sync_seconds(a.spec, rollout.transport, gpu, assumptions)
+    probe = probe_seconds(a.spec, layout, rollout.engine_tp, gpu, a.tokens, assumptions)
     times.update(rollout_s=hacpo["seconds"], gspo_x2_rollout_s=gspo2["seconds"],
                  decode_tokens_per_s_per_engine=hacpo["decode_tokens_per_s_per_engine"],
                  decode_concurrency=hacpo["concurrency"], decode_steps=hacpo["decode_steps"],
-                 sync_s=sync_seconds(a.spec, rollout.transport, gpu, assumptions))
+                 sync_s=transfer + probe, sync_transfer_s=transfer, probe_s=probe)
     return times
 
 

@@ -1,11 +1,17 @@
-"""Step-time estimate of one HACRL step: rollout, log-probs + training, weight sync.
+"""Step-time estimate of one HACRL step: rollout, verify, re-tokenisation, log-probs + training,
+weight sync (with its probe), and the run's checkpoints and final export.
 
 First-order models, every constant in :class:`Assumptions` and printed with the plan:
 
 * training: ``6·N`` FLOPs per trained token (forward + backward), ``+2·N`` with full recompute
-  (one more forward), ``+2·N`` per token for the π_old log-prob pass over the same sequences, at
-  a stated MFU of the trainer GPUs' dense bf16 peak, divided by ``1 − bubble`` with the 1F1B
-  bubble ``(p − 1)/(m + p − 1)`` (``m`` micro-batches per DP rank and update);
+  (one more forward), at a stated MFU of the trainer GPUs' dense bf16 peak, divided by
+  ``1 − bubble`` with the 1F1B bubble ``(p − 1)/(m + p − 1)`` (``m`` micro-batches per DP rank and
+  update); every learner trains on the responses of the agents it learns from (``n·B·G`` when the
+  method shares rollouts, its own ``B·G`` for GSPO / GRPO);
+* π_old: ``2·N`` per token over the sequences the loop scores before the update (:class:`Tokens`:
+  every agent's own responses; with ``hacpo.cross_clip_mode: decoupled`` and ``naive_merge`` also
+  every other agent's, re-tokenised; plus the frozen reference's pass over the own responses when
+  ``hacpo.kl_coef > 0``);
 * rollout: decode is memory-bandwidth bound: each step reads the engine's weights and the batch's
   KV cache from HBM at a stated fraction of peak bandwidth (or is compute bound at ``2·N`` FLOPs
   per token, whichever is slower); continuous batching keeps as many sequences decoding as the KV
@@ -13,12 +19,19 @@ First-order models, every constant in :class:`Assumptions` and printed with the 
   prefill at ``2·N`` per prompt token;
 * verify: every response scored once by the shared verifier pool at a stated cost per response,
   spread over its worker processes;
-* weight sync: the bf16 HF weights once per step over the transport's link at a stated efficiency.
+* re-tokenisation: the controller decodes and re-encodes every cross response whose source uses a
+  different tokenizer, at a stated cost per response token, once for the learner batch and once more
+  for the π_old pass over others' responses;
+* weight sync: the bf16 HF weights once per step over the transport's link at a stated efficiency,
+  then the probe (one sequence through the trainer and the engine, :func:`probe_seconds`);
+* checkpoint and export (:func:`checkpoint_seconds`, :func:`export_seconds`): bytes over the shared
+  filesystem's bandwidth, per checkpoint and once at the end; not part of a step.
 
-The step is the schedule the loop runs (:func:`step_seconds`): the stages rollout → verify → π_old
-→ train → sync run one after another, each for every agent at once, so each stage takes its
-slowest agent's time. :func:`sequential_step_seconds` is the previous loop's schedule (rollout,
-π_old and sync one agent after another, training concurrent), kept for comparison;
+The step is the schedule the loop runs (:func:`step_seconds`): the stages rollout → verify →
+re-tokenise → π_old → train → sync run one after another, each for every agent at once, so each
+stage takes its slowest agent's time (verify and re-tokenisation are the controller's, one value
+for all agents). :func:`sequential_step_seconds` is the previous loop's schedule (rollout, π_old and
+sync one agent after another, training concurrent), kept for comparison;
 :func:`overlapped_step_seconds` is the steady-state step when rollout overlaps the rest
 (``train.rollout_mode: one_step_off`` or ``async``).
 
@@ -50,6 +63,10 @@ class Assumptions:
     # memory always uses the maximum, micro-batches are padded)
     verify_ms_per_response: float = 10.0  # one verifier check (math-verify: 1-230 ms measured; the
     # string normaliser well under 1 ms), per worker process
+    retokenize_us_per_token: float = 7.5  # Exchange.views of one cross response token on the controller
+    # (decode, re-encode, decode back, Python bookkeeping): 7.5-7.9 µs measured with one or two Rust
+    # threads on a loaded 2-core machine (benchmarks/bench_retokenize.py), an upper figure
+    checkpoint_bytes_per_param: float = 14.0  # bf16 weights + fp32 master weights and Adam's two moments
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -57,27 +74,52 @@ class Assumptions:
 
 @dataclass(frozen=True)
 class Tokens:
-    """One step's sequence counts for one agent (B prompts, G samples, n agents)."""
+    """One step's sequence counts for one agent (B prompts, G samples, n agents) under the method the
+    loop runs (:class:`hacrl_megatron.algo.Algorithm`: its samples per prompt, whether it learns from
+    every agent's responses, and the extra forward passes it asks for)."""
 
     prompts: int  # B
-    samples: int  # G per agent (HACPO)
-    agents: int  # n: every learner trains on n·B·G sequences
+    samples: int  # G per agent as configured (rollout.samples_per_prompt)
+    agents: int  # n
     prompt_len: int
     max_response_len: int
     updates: int  # M mini-batches per step
     micro_batch: int
+    rollout_multiplier: int = 1  # GSPO×2 samples 2G per prompt
+    shares_rollouts: bool = True  # learns from every agent's responses (HACPO, naive) or its own (GSPO, GRPO)
+    old_on_others: bool = False  # π_old of the learner over every other agent's responses (decoupled, naive_merge)
+    reference: bool = False  # the frozen reference's pass over the own responses (hacpo.kl_coef > 0)
 
     def mean_seq(self, a: Assumptions) -> float:
         return self.prompt_len + a.mean_response_fraction * self.max_response_len
 
     @property
+    def own_sequences(self) -> int:
+        """Responses this agent samples per step: ``B·G`` (``2·B·G`` for GSPO×2)."""
+        return self.prompts * self.samples * self.rollout_multiplier
+
+    @property
     def trained_sequences(self) -> int:
-        return self.agents * self.prompts * self.samples
+        """Sequences this learner trains on per step: every agent's responses or its own."""
+        return self.agents * self.own_sequences if self.shares_rollouts else self.own_sequences
+
+    @property
+    def old_sequences(self) -> int:
+        """Sequences the π_old stage runs through this agent's trainer: its own responses, the other
+        agents' responses when the method needs the learner's own π_old on them, and the frozen
+        reference's pass over the own responses with the KL penalty."""
+        others = (self.agents - 1) * self.own_sequences if self.old_on_others else 0
+        return self.own_sequences + others + (self.own_sequences if self.reference else 0)
+
+    @property
+    def step_responses(self) -> int:
+        """Responses all agents sample per step (what the verifier scores)."""
+        return self.agents * self.own_sequences
 
 
 def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assumptions) -> dict[str, float]:
-    """Seconds per step of the π_old log-prob pass (``old_logprob_s``: one forward over the trained
-    sequences) and of training (``train_s``: forward, backward and, with full recompute, one more
+    """Seconds per step of the π_old log-prob passes (``old_logprob_s``: one forward over
+    :attr:`Tokens.old_sequences`) and of training (``train_s``: forward, backward and, with full recompute, one more
     forward; with its components ``train_compute_s``, ``tp_comm_s``, ``dp_comm_s``), and the 1F1B
     bubble fraction. Tensor-parallel exchanges and the data-parallel gradient reduction are not
     overlapped with compute (an upper bound); both passes pay the same pipeline bubble. MoE models
@@ -86,7 +128,8 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
     in each forward and backward, the share (ep-1)/ep leaving the rank)."""
     n = spec.active_parameters()
     tokens = tok.trained_sequences * tok.mean_seq(a)
-    old_flops, train_flops = 2 * n, 6 * n + (2 * n if layout.recompute == "full" else 0)
+    old_share = tok.old_sequences / tok.trained_sequences  # π_old tokens per trained token
+    old_flops, train_flops = 2 * n * old_share, 6 * n + (2 * n if layout.recompute == "full" else 0)
     m = max(1, tok.trained_sequences // (tok.updates * layout.dp * tok.micro_batch))
     bubble = (layout.pp - 1) / (m + layout.pp - 1)
     per_flop = tokens / (layout.gpus * gpu.bf16_tflops * 1e12 * a.train_mfu) / (1 - bubble)
@@ -110,9 +153,10 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
         ep_rate = (gpu.nvlink_gbps if layout.ep * layout.etp <= 8 else gpu.network_gbps) * 1e9 * a.link_efficiency
         per_a2a = tokens / layout.dp * spec.num_layers / layout.pp * spec.moe_topk * 2 * h
         per_a2a *= (layout.ep - 1) / layout.ep / ep_rate
-    old_ep, train_ep = 2 * per_a2a, 2 * per_a2a * (2 + (1 if layout.recompute == "full" else 0))
+    old_ep, train_ep = 2 * per_a2a * old_share, 2 * per_a2a * (2 + (1 if layout.recompute == "full" else 0))
     compute, tp_comm = train_flops * per_flop, train_passes * per_pass
-    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass + old_ep,
+    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass * old_share + old_ep,
+            "old_logprob_sequences": tok.old_sequences,
             "train_s": compute + tp_comm + dp_comm + train_ep, "train_compute_s": compute, "tp_comm_s": tp_comm,
             "dp_comm_s": dp_comm, "ep_comm_s": train_ep, "pipeline_bubble": bubble}
 
@@ -154,39 +198,78 @@ def sync_seconds(spec: ArchSpec, transport: str, gpu: GPU, a: Assumptions) -> fl
 def verify_seconds(tok: Tokens, workers: int, a: Assumptions) -> float:
     """The shared verifier scores each of the step's ``n·B·G`` responses once, ``workers`` processes
     at a time (0 workers: in the controller, one at a time)."""
-    return tok.trained_sequences * a.verify_ms_per_response / 1e3 / max(1, workers)
+    return tok.step_responses * a.verify_ms_per_response / 1e3 / max(1, workers)
 
 
-# per-agent stages in the order the loop runs them; verify is one pool for all agents
-STAGES = ("rollout_s", "verify_s", "old_logprob_s", "train_s", "sync_s")
-SCHEDULE = ("rollout -> verify -> pi_old -> train -> sync, each stage for all agents at once: "
-            "step = sum over stages of the slowest agent's stage time")
+def retokenize_seconds(cross_responses: int, tok: Tokens, a: Assumptions) -> float:
+    """The controller's re-tokenisation per step: ``cross_responses`` re-encoded cross responses
+    (summed over learners and passes, :func:`hacrl_megatron.plan.experiment.cross_responses`) of
+    ``mean_response_fraction · max_response_len`` tokens each."""
+    mean_response = a.mean_response_fraction * tok.max_response_len
+    return cross_responses * mean_response * a.retokenize_us_per_token / 1e6
 
 
-def step_seconds(agents: list[dict[str, float]], verify_s: float) -> dict[str, float]:
+def probe_seconds(spec: ArchSpec, layout: Layout, engine_tp: int, gpu: GPU, tok: Tokens, a: Assumptions) -> float:
+    """The post-sync check of one agent (``sync.check_sync``): one mean-length sequence forward through
+    the trainer (its pipeline stages in turn, each on ``tp`` GPUs: ``2·N·L / tp``) and prefilled by
+    one engine (``2·N·L / engine_tp``), at the training and decode MFU."""
+    flops = 2 * spec.active_parameters() * tok.mean_seq(a)
+    peak = gpu.bf16_tflops * 1e12
+    return flops / (layout.tp * peak * a.train_mfu) + flops / (engine_tp * peak * a.decode_mfu)
+
+
+def checkpoint_seconds(parameters: list[int], a: Assumptions) -> float:
+    """One checkpoint of every agent (``trainer/checkpoint.py``): the agents write one after another
+    (``checkpoint_bytes_per_param`` each: bf16 weights and the fp32 optimizer state), then the
+    controller reads every file back for the manifest's SHA-256, both over the shared filesystem."""
+    nbytes = sum(parameters) * a.checkpoint_bytes_per_param
+    return 2 * nbytes / (a.disk_gbps * 1e9)
+
+
+def export_seconds(parameters: list[int], a: Assumptions) -> float:
+    """The final HF export of every agent, one after another: bf16 weights written once."""
+    return sum(parameters) * 2 / (a.disk_gbps * 1e9)
+
+
+def checkpoints_per_run(steps: int, every: int) -> int:
+    """Checkpoints a run of ``steps`` writes with ``checkpoint.every`` (the loop also saves the last step)."""
+    if not every:
+        return 0
+    return steps // every + (1 if steps % every else 0)
+
+
+# per-agent stages in the order the loop runs them; verify and re-tokenisation are the controller's
+STAGES = ("rollout_s", "verify_s", "retokenize_s", "old_logprob_s", "train_s", "sync_s")
+CONTROLLER_STAGES = ("verify_s", "retokenize_s")
+SCHEDULE = ("rollout -> verify -> re-tokenise -> pi_old -> train -> sync (+ probe), each stage for all agents at "
+            "once: step = sum over stages of the slowest agent's stage time (verify and re-tokenisation: the "
+            "controller's)")
+
+
+def step_seconds(agents: list[dict[str, float]], verify_s: float, retokenize_s: float = 0.0) -> dict[str, float]:
     """The step of the loop's schedule: each stage runs for every agent at once and waits for the
     slowest, the stages run one after another, so ``step = Σ_stage max_agent t(agent, stage)``.
-    ``agents``: each agent's stage times (missing stages count 0); returns each stage's time
-    (its slowest agent) and ``total_s``."""
-    out = {k: max(t.get(k, 0.0) for t in agents) for k in STAGES if k != "verify_s"}
-    out["verify_s"] = verify_s
+    ``agents``: each agent's stage times (missing stages count 0); ``verify_s``, ``retokenize_s``:
+    the controller's stages; returns each stage's time (its slowest agent) and ``total_s``."""
+    out = {k: max(t.get(k, 0.0) for t in agents) for k in STAGES if k not in CONTROLLER_STAGES}
+    out.update(verify_s=verify_s, retokenize_s=retokenize_s)
     out = {k: out[k] for k in STAGES}
     out["total_s"] = sum(out.values())
     return out
 
 
-def sequential_step_seconds(agents: list[dict[str, float]], verify_s: float) -> float:
+def sequential_step_seconds(agents: list[dict[str, float]], verify_s: float, retokenize_s: float = 0.0) -> float:
     """The previous loop's step: rollout, the π_old passes and weight sync one agent after another
     (``Σ_agent``), training concurrent (``max_agent``); for comparison with :func:`step_seconds`."""
     total = sum(t.get(k, 0.0) for t in agents for k in ("rollout_s", "old_logprob_s", "sync_s"))
-    return total + verify_s + max(t.get("train_s", 0.0) for t in agents)
+    return total + verify_s + retokenize_s + max(t.get("train_s", 0.0) for t in agents)
 
 
 def overlapped_step_seconds(stages: dict[str, float]) -> float:
     """Steady-state step when the rollout of step t+1 runs while step t verifies, computes π_old,
     trains and syncs (``one_step_off``; ``async`` with any staleness bound K ≥ 1 has the same bound:
     rollout cannot produce faster than its own time per step, training cannot consume faster than
-    the rest): ``max(rollout, verify + π_old + train + sync)`` from :func:`step_seconds`' stages.
+    the rest): ``max(rollout, verify + re-tokenise + π_old + train + sync)`` from :func:`step_seconds`' stages.
     Assumes the engines run on GPUs of their own (the weight push waits only for the sync itself)."""
-    rest = stages["verify_s"] + stages["old_logprob_s"] + stages["train_s"] + stages["sync_s"]
+    rest = sum(v for k, v in stages.items() if k in STAGES and k != "rollout_s")
     return max(stages["rollout_s"], rest)

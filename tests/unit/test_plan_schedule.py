@@ -1,8 +1,8 @@
-"""The planner's step time follows the loop's schedule: every stage (rollout, verify, π_old, train,
-sync) runs for all agents at once and waits for the slowest, the stages one after another. The
-previous loop's schedule (agents one after another outside training) and the overlapped modes are
-printed next to it; the issue's hand computation from the planner's own per-agent numbers is
-reproduced here."""
+"""The planner's step time follows the loop's schedule: every stage (rollout, verify, re-tokenise,
+π_old, train, sync) runs for all agents at once and waits for the slowest, the stages one after
+another. The previous loop's schedule (agents one after another outside training) and the
+overlapped modes are printed next to it. π_old counts the sequences the loop scores for the
+configured method (own responses under clamp, all under decoupled, plus the KL's reference pass)."""
 
 from __future__ import annotations
 
@@ -38,6 +38,11 @@ def plan70b() -> dict:
 
 
 @pytest.fixture(scope="module")
+def plan70b_decoupled() -> dict:
+    return _plan("multinode_llama70b_qwen72b", 9, overrides=["hacpo.cross_clip_mode=decoupled"])
+
+
+@pytest.fixture(scope="module")
 def paper() -> dict:
     return _plan("paper_qwen3_4b_with_instruct", 1)
 
@@ -48,8 +53,12 @@ B = {"rollout_s": 60.0, "old_logprob_s": 30.0, "train_s": 40.0, "sync_s": 5.0}
 
 def test_schedule_formulas_by_hand():
     step = step_seconds([A, B], verify_s=3.0)
-    assert step == {"rollout_s": 100.0, "verify_s": 3.0, "old_logprob_s": 30.0, "train_s": 50.0, "sync_s": 5.0,
-                    "total_s": 188.0}
+    assert step == {"rollout_s": 100.0, "verify_s": 3.0, "retokenize_s": 0.0, "old_logprob_s": 30.0,
+                    "train_s": 50.0, "sync_s": 5.0, "total_s": 188.0}
+    # the controller's re-tokenisation is one stage for all agents, on the rest side of an overlapped step
+    with_retok = step_seconds([A, B], 3.0, 7.0)
+    assert with_retok["total_s"] == 195.0 and overlapped_step_seconds(with_retok) == 100.0
+    assert sequential_step_seconds([A, B], 3.0, 7.0) == 160.0 + 3.0 + 7.0 + 40.0 + 50.0 + 7.0
     # the previous loop: rollout, π_old and sync summed over agents, training concurrent
     assert sequential_step_seconds([A, B], 3.0) == 160.0 + 3.0 + 40.0 + 50.0 + 7.0
     # one-step-off / async: rollout (100) against the rest (3 + 30 + 50 + 5 = 88)
@@ -71,41 +80,59 @@ def test_70b_step_is_the_sum_of_stage_maxima(plan70b):
     times = [a["time_s"] for a in plan70b["agents"]]
     stages = plan70b["step_stages_s"]
     for k in STAGES:
-        if k != "verify_s":
+        if k not in ("verify_s", "retokenize_s"):
             assert stages[k] == pytest.approx(max(t[k] for t in times), abs=0.01), k
     assert plan70b["step_time_s"] == pytest.approx(sum(stages.values()), abs=0.02)
-    assert plan70b["step_time_s"] == pytest.approx(1372.0, abs=0.5)  # README's Scaling table
-    rest = stages["verify_s"] + stages["old_logprob_s"] + stages["train_s"] + stages["sync_s"]
+    assert plan70b["step_time_s"] == pytest.approx(1355.4, abs=0.5)  # README's Scaling table
+    rest = sum(v for k, v in stages.items() if k != "rollout_s")
     assert plan70b["step_time_one_step_off_s"] == plan70b["step_time_async_s"] == \
         pytest.approx(max(stages["rollout_s"], rest), abs=0.01)
     assert plan70b["step_time_one_step_off_s"] == pytest.approx(988.8, abs=0.5)  # rollout-bound
 
 
-def test_70b_previous_schedule_reproduces_the_issue(plan70b):
-    """The issue's figure: rollout and sync summed over agents, π_old + training taken with the
-    slower agent (as the old planner bundled them): ~2,325 s against the 1,371 s it printed. The
-    old loop also ran the π_old passes one agent after another: 2,421 s."""
+def test_70b_previous_schedule(plan70b):
     t = [a["time_s"] for a in plan70b["agents"]]
-    issue = (sum(x["rollout_s"] for x in t) + max(x["old_logprob_s"] + x["train_s"] for x in t)
-             + sum(x["sync_s"] for x in t))
-    assert issue == pytest.approx(2325, abs=1)
-    old_printed = max(x["rollout_s"] for x in t) + max(x["old_logprob_s"] + x["train_s"] for x in t) + \
-        max(x["sync_s"] for x in t)
-    assert old_printed == pytest.approx(1371, abs=1)
     stages = plan70b["step_stages_s"]
     assert plan70b["step_time_sequential_s"] == pytest.approx(
         sum(x[k] for x in t for k in ("rollout_s", "old_logprob_s", "sync_s")) + stages["verify_s"]
-        + max(x["train_s"] for x in t), abs=0.02)
-    assert plan70b["step_time_sequential_s"] == pytest.approx(2420.8, abs=0.5)
+        + stages["retokenize_s"] + max(x["train_s"] for x in t), abs=0.02)
+    assert plan70b["step_time_sequential_s"] == pytest.approx(2357.4, abs=0.5)
+
+
+def test_70b_pi_old_counts_what_the_loop_scores(plan70b, plan70b_decoupled):
+    """clamp: each agent scores its own B·G = 1024 responses; decoupled: also the other agent's
+    (the learner's own π_old on them), n·B·G = 2048: the stage is n = 2 times as long, the layout
+    the same. Re-tokenisation doubles too (the π_old pass re-encodes the cross responses again)."""
+    for clamp, dec in zip(plan70b["agents"], plan70b_decoupled["agents"]):
+        assert clamp["layout"] == dec["layout"]
+        assert (clamp["time_s"]["old_logprob_sequences"], dec["time_s"]["old_logprob_sequences"]) == (1024, 2048)
+        assert dec["time_s"]["old_logprob_s"] == pytest.approx(2 * clamp["time_s"]["old_logprob_s"], abs=0.002)  # 3 decimals
+    a, b = plan70b["step_stages_s"], plan70b_decoupled["step_stages_s"]
+    assert b["old_logprob_s"] == pytest.approx(2 * a["old_logprob_s"], abs=0.02)
+    # 2 learners × 1024 cross responses × 2048 mean response tokens × 7.5 µs
+    assert a["retokenize_s"] == pytest.approx(2 * 1024 * 2048 * 7.5e-6, abs=0.01)
+    assert b["retokenize_s"] == pytest.approx(2 * a["retokenize_s"], abs=0.02)  # both rounded to 0.01
+
+
+def test_70b_run_terms(plan70b):
+    """Checkpoint: 14 B per parameter of both agents written and read back at 2 GB/s; 58 steps
+    every 5 = 12 checkpoints (the last step included); export: bf16 once."""
+    params = sum(a["params"]["hf_total"] for a in plan70b["agents"])
+    assert plan70b["checkpoint_s"] == pytest.approx(2 * 14 * params / 2e9, abs=0.01)
+    assert plan70b["checkpoints"] == 12
+    assert plan70b["export_s"] == pytest.approx(2 * params / 2e9, abs=0.01)
+    assert plan70b["run_time_s"] == pytest.approx(58 * plan70b["step_time_s"] + 12 * plan70b["checkpoint_s"]
+                                                  + plan70b["export_s"], abs=1)
+    for a in plan70b["agents"]:  # the post-sync probe is part of the sync stage
+        t = a["time_s"]
+        assert 0 < t["probe_s"] < 1 and t["sync_s"] == pytest.approx(t["sync_transfer_s"] + t["probe_s"], abs=0.002)
 
 
 def test_paper_preset_schedules(paper):
-    t = [a["time_s"] for a in paper["agents"]]
-    issue = sum(x["rollout_s"] for x in t) + max(x["old_logprob_s"] + x["train_s"] for x in t) + \
-        sum(x["sync_s"] for x in t)
-    assert issue == pytest.approx(413, abs=1)  # the issue's figure for the paper preset
-    assert paper["step_time_s"] == pytest.approx(300.8, abs=0.5)
-    assert paper["step_time_sequential_s"] == pytest.approx(452.3, abs=0.5)
+    # Qwen3-4B and its instruct model share one vocabulary: nothing is re-tokenised
+    assert paper["step_stages_s"]["retokenize_s"] == 0.0
+    assert paper["step_time_s"] == pytest.approx(300.9, abs=0.5)
+    assert paper["step_time_sequential_s"] == pytest.approx(452.5, abs=0.5)
     # colocated engines cannot overlap: the overlapped figure comes from a plan with separate engines
     assert paper["placement"]["colocated"]
     alt = paper["overlap_plan"]
@@ -121,8 +148,57 @@ def test_text_output_names_every_schedule(capsys):
     assert main(["plan", "--preset", "multinode_llama70b_qwen72b", "--nodes", "9", "--gpus-per-node", "8",
                  "--gpu-memory-gib", "74.5"]) == 0
     out = capsys.readouterr().out
-    assert "step estimate: 1372.0 s = rollout 988.8 + verify 1.3 + pi_old 97.5 + train 278.6 + sync 5.8" in out
-    assert "previous loop (rollout, pi_old and sync one agent after another): 2420.8 s" in out
+    assert ("step estimate: 1355.4 s = rollout 988.8 + verify 1.3 + re-tokenise 31.5 + pi_old 48.7 + train 278.6 "
+            "+ sync 6.5") in out
+    assert "run: 102824 s = steps + 12 checkpoint(s) of 2005.6 s + final export 143.3 s" in out
+    assert "previous loop (rollout, pi_old and sync one agent after another): 2357.4 s" in out
     assert "rollout overlapped (train.rollout_mode one_step_off / async): 988.8 s per step" in out
     assert "llama70b: trainer on node 1 GPUs 0-7, node 2 GPUs 0-7, node 3 GPUs 0-7, node 4 GPUs 0-7; engines: " \
            "node 0 GPUs 0-3" in out
+
+
+def _tokens(*overrides: str) -> Tokens:
+    from hacrl_megatron.config import ExperimentConfig, apply_override, from_dict, read_preset, validate
+    from hacrl_megatron.plan.experiment import step_tokens
+
+    data = read_preset("multinode_llama70b_qwen72b")
+    for ov in overrides:
+        apply_override(data, ov)
+    return step_tokens(validate(from_dict(ExperimentConfig, data)))
+
+
+@pytest.mark.parametrize("overrides, old, trained, own", [
+    ((), 1024, 2048, 1024),  # HACPO, clamp: own responses
+    (("hacpo.cross_clip_mode=pessimistic",), 1024, 2048, 1024),
+    (("hacpo.cross_clip_mode=decoupled",), 2048, 2048, 1024),  # + the other agent's, in the learner's tokens
+    (("hacpo.kl_coef=0.01",), 2048, 2048, 1024),  # + the frozen reference over the own responses
+    (("hacpo.cross_clip_mode=decoupled", "hacpo.kl_coef=0.01"), 3072, 2048, 1024),
+    (("hacpo.algorithm=naive_merge",), 2048, 2048, 1024),
+    (("hacpo.algorithm=gspo",), 1024, 1024, 1024),  # learns from its own responses only
+    (("hacpo.algorithm=gspo_x2",), 2048, 2048, 2048),  # 2G per prompt
+    (("hacpo.algorithm=grpo",), 1024, 1024, 1024),
+])
+def test_sequences_per_method(overrides, old, trained, own):
+    """B = 128 prompts, G = 8, n = 2: the sequences each stage covers follow the method's passes."""
+    tok = _tokens(*overrides)
+    assert (tok.old_sequences, tok.trained_sequences, tok.own_sequences) == (old, trained, own)
+    assert tok.step_responses == 2 * own  # the verifier scores every agent's responses
+
+
+def test_pi_old_time_scales_with_its_sequences():
+    """At a fixed layout the π_old stage is proportional to the sequences it scores (decoupled: n×)."""
+    from hacrl_megatron.config import ExperimentConfig, from_dict, read_preset, validate
+    from hacrl_megatron.plan.experiment import agent_spec
+    from hacrl_megatron.plan.gpus import gpu_by_name
+    from hacrl_megatron.plan.memory import Layout
+    from hacrl_megatron.plan.timing import train_seconds
+
+    cfg = validate(from_dict(ExperimentConfig, read_preset("multinode_llama70b_qwen72b")))
+    spec, _ = agent_spec(cfg.agents[0])
+    layout, gpu, a = Layout(4, 8, 1, True, "selective", True), gpu_by_name("h100"), Assumptions()
+    clamp = train_seconds(spec, layout, gpu, _tokens(), a)
+    dec = train_seconds(spec, layout, gpu, _tokens("hacpo.cross_clip_mode=decoupled"), a)
+    kl = train_seconds(spec, layout, gpu, _tokens("hacpo.cross_clip_mode=decoupled", "hacpo.kl_coef=0.01"), a)
+    assert dec["old_logprob_s"] == pytest.approx(2 * clamp["old_logprob_s"], rel=1e-12)
+    assert kl["old_logprob_s"] == pytest.approx(3 * clamp["old_logprob_s"], rel=1e-12)
+    assert dec["train_s"] == clamp["train_s"]  # training covers the same n·B·G sequences
