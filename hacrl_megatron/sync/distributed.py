@@ -47,6 +47,7 @@ import torch
 from hacrl_megatron.net import bound_tcp_store, free_port, node_address_towards
 from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineUnreachable
 from hacrl_megatron.sync.base import NamedTensors, buckets, on_all, tensor_bytes, with_last
+from hacrl_megatron.sync.nccl_version import Version, check_nccl_versions, engine_versions
 
 _GROUP_IDS = itertools.count()
 
@@ -183,13 +184,18 @@ class DistributedTransport:
             that agent's ranks export and rank 0 broadcast; the stream given to :meth:`push` must be
             that agent's export (``stream.ranks is ranks``) and is not read (the ranks export the same
             weights themselves). None: this process broadcasts the stream it is given.
+        engine_nccl: the engines' NCCL versions ({base_url: version}) read where their server handles
+            are, for a group opened elsewhere (a Ray agent's rank 0); other engines are read here.
+            An nccl group opens only when every known version equals this process's
+            (``sync/nccl_version.py``).
     """
 
     name = "distributed"
     engine_protocol = BroadcastWeightLoader
 
     def __init__(self, bucket_bytes: int = 512 << 20, *, backend: str = "auto", group_name: str = "hacrl_weights",
-                 master_address: str | None = None, timeout_s: float = 600.0, ranks: RankSource | None = None) -> None:
+                 master_address: str | None = None, timeout_s: float = 600.0, ranks: RankSource | None = None,
+                 engine_nccl: dict[str, Version | None] | None = None) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"DistributedTransport: bucket_bytes={bucket_bytes} must be >= 1")
         if backend not in ("auto", "nccl", "gloo"):
@@ -205,6 +211,7 @@ class DistributedTransport:
         self._members: list[BroadcastWeightLoader] = []
         self._stale = False  # a member restarted or a broadcast failed: rebuild before the next push
         self.ranks = ranks
+        self.engine_nccl = dict(engine_nccl or {})
         self._senders_open = False  # the ranks hold this transport's senders (opened at the first push)
         self.buckets_sent = 0
         self.bytes_sent = 0
@@ -219,6 +226,8 @@ class DistributedTransport:
         if self._group is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
             return
         self._close_group()
+        if self.backend == "nccl":  # NCCL refuses ranks of different versions: say so before the rendezvous
+            check_nccl_versions(self.group_name, engines, self.engine_nccl)
         address = self.master_address or node_address_towards(engines[0].base_url)
         port, world = free_port(""), 1 + sum(e.tp_size for e in engines)
         self._group_id = f"{self.group_name}-{os.getpid()}-{next(_GROUP_IDS)}"
@@ -351,8 +360,10 @@ class DistributedTransport:
         """
         if not self._senders_open or self._stale:
             self._close_ranks()
+            # the engines' NCCL is read here, where their server handles are; rank 0 compares its own
+            versions = engine_versions(engines) if self.backend_choice != "gloo" else {}
             self.ranks.open_weight_sender(RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name,
-                                                            self.master_address, self.timeout_s))
+                                                            self.master_address, self.timeout_s, versions))
             self._senders_open, self._stale = True, False
         try:
             return self.ranks.push_weights([e.detached() for e in engines], version)
@@ -435,9 +446,11 @@ class RankSenderFactory:
     group_name: str
     master_address: str | None
     timeout_s: float
+    engine_nccl: dict[str, Version | None] | None = None  # {base_url: NCCL version} read by the controller
 
     def __call__(self, rank: int) -> RankSender:
         if rank != 0:
             return RankSender(None)
         return RankSender(DistributedTransport(self.bucket_bytes, backend=self.backend, group_name=self.group_name,
-                                               master_address=self.master_address, timeout_s=self.timeout_s))
+                                               master_address=self.master_address, timeout_s=self.timeout_s,
+                                               engine_nccl=self.engine_nccl))

@@ -33,6 +33,7 @@ import torch
 
 from hacrl_megatron.rollout.protocol import EngineUnreachable, WeightTransferReceiver
 from hacrl_megatron.sync.base import NamedTensors, on_all, tensor_bytes
+from hacrl_megatron.sync.nccl_version import Version, check_nccl_versions, engine_versions
 
 NUM_BUFFERS = 2  # vLLM's packed_num_buffers: its receive streams (a wire parameter both sides must agree on)
 
@@ -91,17 +92,22 @@ class VLLMNCCLTransport:
         timeout_s: per-request timeout while a chunk is in flight.
         ranks: an agent whose own ranks push (a Ray agent): its rank 0 holds a transport of its own
             (:class:`VLLMRankSenderFactory`) and the stream given to :meth:`push` is not read.
+        engine_nccl: the engines' NCCL versions ({base_url: version}) read where their server handles
+            are (the controller, for a Ray agent's rank 0); the group opens only when they equal this
+            process's (``sync/nccl_version.py``).
     """
 
     name = "distributed"
     engine_protocol = WeightTransferReceiver
 
-    def __init__(self, bucket_bytes: int = 512 << 20, *, timeout_s: float = 600.0, ranks: Any | None = None) -> None:
+    def __init__(self, bucket_bytes: int = 512 << 20, *, timeout_s: float = 600.0, ranks: Any | None = None,
+                 engine_nccl: dict[str, Version | None] | None = None) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"VLLMNCCLTransport: bucket_bytes={bucket_bytes} must be >= 1")
         self.bucket_bytes = bucket_bytes
         self.timeout_s = timeout_s
         self.ranks = ranks
+        self.engine_nccl = dict(engine_nccl or {})
         self._rank0: _Rank0 | None = None
         self._members: list[WeightTransferReceiver] = []
         self._stale = False
@@ -121,6 +127,7 @@ class VLLMNCCLTransport:
         if self._rank0 is not None and not self._stale and key == [(e.base_url, e.tp_size) for e in self._members]:
             return
         self._close_group()
+        check_nccl_versions("vllm", engines, self.engine_nccl)  # NCCL refuses ranks of different versions
         unique_id, world = torch.cuda.nccl.unique_id(), 1 + sum(e.tp_size for e in engines)
         offsets = [1 + sum(e.tp_size for e in engines[:k]) for k in range(len(engines))]
         with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="vllm-nccl-init") as pool:
@@ -186,7 +193,8 @@ class VLLMNCCLTransport:
     def _push_from_ranks(self, engines: Sequence[WeightTransferReceiver], version: int) -> int:
         if not self._senders_open or self._stale:
             self._close_ranks()
-            self.ranks.open_weight_sender(VLLMRankSenderFactory(self.bucket_bytes, self.timeout_s))
+            self.ranks.open_weight_sender(VLLMRankSenderFactory(self.bucket_bytes, self.timeout_s,
+                                                                engine_versions(engines)))
             self._senders_open, self._stale = True, False
         try:
             return self.ranks.push_weights([e.detached() for e in engines], version)
@@ -220,9 +228,11 @@ class VLLMRankSenderFactory:
 
     bucket_bytes: int
     timeout_s: float
+    engine_nccl: dict[str, Version | None] | None = None  # {base_url: NCCL version} read by the controller
 
     def __call__(self, rank: int) -> Any:
         from hacrl_megatron.sync.distributed import RankSender
 
-        return RankSender(None if rank else VLLMNCCLTransport(self.bucket_bytes, timeout_s=self.timeout_s))
+        return RankSender(None if rank else VLLMNCCLTransport(self.bucket_bytes, timeout_s=self.timeout_s,
+                                                              engine_nccl=self.engine_nccl))
 

@@ -6,7 +6,8 @@
 #
 # 1. the NGC stack is the base's own (torch, triton, NVIDIA and Transformer Engine versions equal the
 #    pins in /etc/hacrl/constraints.txt), CUDA is visible, Transformer Engine and megatron-core import;
-# 2. the SGLang venv imports sglang with its own CUDA torch;
+# 2. the SGLang venv imports sglang with its own CUDA torch, and every engine venv loads the
+#    trainer's NCCL (tools/image/nccl_align.py --check);
 # 3. the GPU tests: Triton kernel vs reference, the Transformer Engine layer spec, Ray agents on NCCL.
 # Exit status 0 only when every check passes.
 set -euo pipefail
@@ -44,6 +45,9 @@ EOF
 echo "== 2. SGLang venv (${HACRL_SGLANG_PYTHON:?image sets HACRL_SGLANG_PYTHON}) =="
 "$HACRL_SGLANG_PYTHON" -c "import sglang, torch; assert torch.cuda.is_available(); \
 print('sglang', sglang.__version__, 'torch', torch.__version__)"
+
+echo "== 2b. one NCCL for the trainer and every engine venv (the weight-update group needs it) =="
+python3 /usr/local/lib/hacrl/nccl_align.py --check "$HACRL_SGLANG_PYTHON" "${HACRL_VLLM_PYTHON:-/opt/vllm/bin/python}"
 
 echo "== 3. GPU tests =="
 python -m pytest -q -p no:cacheprovider -m "not slow" tests/gpu tests/unit/test_models_convert.py \

@@ -15,7 +15,8 @@
 #    SGLANG_REQUIREMENT=$SGLANG_STANDIN (a small package instead of SGLang, whose torch pin would pull
 #    a multi-GB CUDA torch: the venv mechanics are exercised, SGLang itself is not).
 # 3. checks inside the image, through its entrypoint: `hacrl --help`, `hacrl train --preset cpu_demo`
-#    for a few steps, the torch build still the base's, the SGLang venv's interpreter.
+#    for a few steps, the torch build still the base's, the SGLang venv's interpreter, the NCCL
+#    alignment check (nccl_align.py --check; nothing to align without CUDA).
 # Mounted read-only into every build step: the host CA bundle (pip behind this network's TLS proxy),
 # and this machine's local pip sources (find-links folder with the torch wheel, file:// indexes)
 # with a pip.conf naming them, so pip resolves as it does on the host: torch never from PyPI.
@@ -133,6 +134,8 @@ print('torch', torch.__version__, 'megatron-core', megatron.core.__version__)"
 run python -m pytest -q -p no:cacheprovider tests/unit/test_config.py
 run sh -c 'test "$(id -u)" != 0 && test -x "$HACRL_SGLANG_PYTHON" && "$HACRL_SGLANG_PYTHON" -c "import six, sys; \
 assert sys.prefix == \"/opt/sglang\", sys.prefix; print(\"sglang venv\", sys.prefix, \"user\", __import__(\"os\").getuid())"'
+# one NCCL for trainer and engine venvs: on this CPU base there is none, so the check says so and passes
+run python3 /usr/local/lib/hacrl/nccl_align.py --check "/opt/sglang/bin/python"
 run hacrl train --preset cpu_demo train.steps=2 train.sft_warmup=false train.prompts_per_step=4 \
     train.eval_every=0 data.eval_size=8 checkpoint.every=0 log.progress=false output_dir=/tmp/smoke_run
 run test -s /tmp/smoke_run/metrics.jsonl
