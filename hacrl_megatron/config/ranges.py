@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -186,9 +187,15 @@ def _hf_path(value: str | None) -> str | None:
     return None if value in (None, "smollm2") else _optional_path(value)
 
 
+# a bind address each node resolves for itself (rollout/engine_actor.py, bind_host): the node's address as
+# Ray knows it, or the IPv4 address of a named network interface on that node (e.g. {iface:ib0})
+PER_NODE_HOST = re.compile(r"\{node_ip\}|\{iface:[A-Za-z0-9_.\-]{1,15}\}")
+
+
 def _bind_host(value: str) -> str | None:
-    """An address a server can bind: empty (the node's own) or an ASCII host name / IP of at most 253 chars."""
-    if value == "":
+    """An address a server can bind: empty (the node's own), a per-node placeholder (``{node_ip}``,
+    ``{iface:NAME}``) or an ASCII host name / IP of at most 253 chars."""
+    if value == "" or PER_NODE_HOST.fullmatch(value):
         return None
     if len(value) > 253 or not value.isascii() or any(c.isspace() or c in "/:@" for c in value):
         return "must be empty (the node's address) or a host name or IPv4 address (ASCII, at most 253 characters)"

@@ -155,7 +155,9 @@ class SGLangConfig:
     # by a Ray actor on a {GPU: tp} bundle of the cluster (any node), bound to that node's address
     # (rollout/engine_actor.py; multi-node runs)
     placement: str = "local"
-    host: str = ""  # bind address of ray-placed servers ("": the node's address as Ray knows it)
+    host: str = ""  # bind address of the servers ("": the node's address as Ray knows it). With placement=ray
+    # only "" or a per-node placeholder, quoted in YAML: "{node_ip}" or "{iface:NAME}" (that interface's IPv4
+    # address on each node); a fixed address would be bound and advertised by every node's server
     # a file whose first line is the servers' API key (SGLang's --api-key: every request but /health must
     # then carry it as "Authorization: Bearer <key>"); read when the servers start, never stored in the run
     # folder. "": no key (the servers answer anyone who reaches their address)

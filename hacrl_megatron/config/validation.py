@@ -9,7 +9,7 @@ from typing import Any
 
 from hacrl_megatron.config.bounded_yaml import short_repr
 from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
-from hacrl_megatron.config.ranges import range_error, validate_ranges
+from hacrl_megatron.config.ranges import PER_NODE_HOST, range_error, validate_ranges
 from hacrl_megatron.config.schema import (
     ALGORITHMS,
     ARCHS,
@@ -189,6 +189,21 @@ def validate_vllm(cfg: ExperimentConfig) -> None:
               f"needs one GPU per vLLM TP rank: a multiple of rollout.vllm.tp={v.tp} (one engine per group)")
 
 
+def validate_per_node_hosts(rollout: Any) -> None:
+    """``rollout.<engine>.host`` with ``placement: ray``: the servers run on many nodes, so one fixed
+    address (or 0.0.0.0, every interface) would be bound and advertised by all of them; only empty
+    (each node's address) or a placeholder each node resolves for itself is accepted."""
+    for name in ("sglang", "vllm"):
+        section = getattr(rollout, name)
+        host = getattr(section, "host", "")
+        if getattr(section, "placement", "local") != "ray" or not host:
+            continue
+        _rule(PER_NODE_HOST.fullmatch(host) is not None, f"rollout.{name}.host", host,
+              f"with rollout.{name}.placement=ray every node's server would bind and advertise this one address; "
+              "leave it empty (each node's address as Ray knows it) or use a per-node placeholder: {node_ip}, or "
+              "{iface:NAME} (that interface's IPv4 address on each node)")
+
+
 def validate_rollout(cfg: ExperimentConfig) -> None:
     """``rollout.*``: the engine and its section (``rollout.hf``, ``rollout.sglang``), how weights
     reach it, sampling; and each agent's ``rollout_gpu_ids`` against the SGLang server size."""
@@ -196,6 +211,7 @@ def validate_rollout(cfg: ExperimentConfig) -> None:
     _rule(cfg.rollout.sglang.placement == "local" or not cfg.rollout.colocate, "rollout.sglang.placement",
           cfg.rollout.sglang.placement, "colocated servers share the trainer's own GPUs; placement=ray puts them on "
           "bundles of their own: use placement=local with rollout.colocate=true")
+    validate_per_node_hosts(cfg.rollout)
     r = cfg.rollout
     _one_of("rollout.engine", r.engine, ENGINES)
     _one_of("rollout.eos_mode", r.eos_mode, EOS_MODES)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import signal
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 ACTOR_CALL_TIMEOUT_S = 60.0
@@ -50,6 +51,33 @@ def planned_nodes(gpu_groups: list[list[int] | None], agent: str) -> list[int | 
     return nodes
 
 
+def bind_host(host: str, node_ip: Callable[[], str]) -> str:
+    """The address this node's server binds and advertises for ``rollout.sglang.host``: ``""`` or
+    ``{node_ip}``: the node's address as Ray knows it (``node_ip()``); ``{iface:NAME}``: the IPv4
+    address of interface NAME on this node (the same placeholder resolves differently on every
+    node); anything else as written (config validation refuses a fixed address with placement ray)."""
+    if host in ("", "{node_ip}"):
+        return node_ip()
+    if host.startswith("{iface:") and host.endswith("}"):
+        return interface_address(host[len("{iface:"):-1])
+    return host
+
+
+def interface_address(name: str) -> str:
+    """IPv4 address of network interface ``name`` on this host (Linux SIOCGIFADDR); OSError naming it."""
+    import fcntl
+    import socket
+    import struct
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        try:
+            packed = fcntl.ioctl(sock.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))  # SIOCGIFADDR
+        except OSError as err:
+            raise OSError(f"rollout.sglang.host={{iface:{name}}}: interface {name!r} has no IPv4 address on "
+                          f"{socket.gethostname()}: {err.strerror}") from None
+    return socket.inet_ntoa(packed[20:24])
+
+
 class ServerActor:
     """Owns one engine server on the node Ray placed it on (wrapped with ``ray.remote`` at run time).
 
@@ -61,7 +89,7 @@ class ServerActor:
     def __init__(self, server_cls: type, server_kwargs: dict[str, Any], host: str = "") -> None:
         import ray
 
-        self.node_ip = host or ray.util.get_node_ip_address()
+        self.node_ip = bind_host(host, ray.util.get_node_ip_address)
         gpus = [int(g) for g in ray.get_gpu_ids()]
         tp = int(server_kwargs.get("tp_size", 1))
         # CUDA_VISIBLE_DEVICES for the server: Ray's GPU ids of this actor (it already set them for us);
