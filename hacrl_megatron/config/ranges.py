@@ -147,6 +147,9 @@ NUMBERS: dict[str, Interval] = {
     "checkpoint.every": _i(0, None, "steps (0: never)"),
     "checkpoint.keep": _i(1, None, "checkpoints"),
     "log.every": _i(1, None, "steps between metrics rows (the step number is divided by it)"),
+    "log.samples_every": _i(0, None, "steps (0: never)"),
+    "log.samples_prompts": _i(1, 4096, "prompts per samples file, each with every agent's completions"),
+    "log.samples_max_chars": _i(1, 1_000_000, "characters kept of each completion's text"),
 }
 
 
@@ -162,6 +165,10 @@ def _run_name(value: str) -> str | None:
     if not value.strip() or len(value) > MAX_RUN_NAME:
         return f"must be 1 to {MAX_RUN_NAME} characters (it names the progress bar and the wandb run)"
     return None
+
+
+def _optional_agent_name(value: str | None) -> str | None:
+    return None if value is None else _agent_name(value)
 
 
 def _tokenizer(value: str) -> str | None:
@@ -214,6 +221,7 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "agents.*.tokenizer": _tokenizer,
     "agents.*.prompt_template": _template,
     "agents.*.init_checkpoint": _optional_path,
+    "agents.*.warmup_sft_from": _optional_agent_name,
     "agents.*.model.hf_path": _hf_path,
     "agents.*.model.gguf_file": _optional_path,
     "rollout.sglang.python": _sglang_python,

@@ -84,8 +84,16 @@ def warmup_key(exp: ExperimentConfig, index: int) -> str:
     }
     if exp.data.checker is not None:  # a user's checker decides when the warm-up stops
         key["checker"] = exp.data.checker
+    if agent.warmup_sft_from is not None:  # a later snapshot of another agent's run: that run is part of the key
+        key["trajectory"] = warmup_key(exp, lead_index(exp, index))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
     return f"{agent.name}-{digest}"
+
+
+def lead_index(exp: ExperimentConfig, index: int) -> int:
+    """Index of the agent whose warm-up run makes agent ``index``'s snapshot (itself unless ``warmup_sft_from``)."""
+    lead = exp.agents[index].warmup_sft_from
+    return index if lead is None else next(i for i, a in enumerate(exp.agents) if a.name == lead)
 
 
 def sft_loss(out: LogProbOutput, inputs: LossInputs | None, info: MiniBatchInfo) -> tuple[torch.Tensor, dict[str, float]]:
@@ -109,34 +117,54 @@ def sft_batch(rt: AgentRuntime, task: Task, records: list[PromptRecord]) -> Sequ
 
 def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: VerifierPool) -> dict[str, Any]:
     """Train agent ``index`` by SFT until its greedy accuracy reaches the target; save HF weights."""
-    agent = exp.agents[index]
-    sft_agent = dataclasses.replace(agent, lr=agent.warmup_sft_lr, init_checkpoint=None)
+    return warm_up_run(exp, [(index, out_dir)], verifier)[exp.agents[index].name]
+
+
+def warm_up_run(exp: ExperimentConfig, snapshots: list[tuple[int, Path]], verifier: VerifierPool) -> dict[str, dict]:
+    """One SFT run of the lead agent of ``snapshots`` (agent indices sharing one :func:`lead_index`), saving
+    each agent's snapshot to its folder at the first check where greedy accuracy reaches its
+    ``warmup_sft_target`` (or at its ``warmup_sft_max_steps``). Returns agent name → warmup.json contents."""
+    lead = exp.agents[lead_index(exp, snapshots[0][0])]
+    sft_agent = dataclasses.replace(lead, lr=lead.warmup_sft_lr, init_checkpoint=None)
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
-    rt = build_runtime(sft_exp, index, agent.warmup_sft_max_steps, agent_cfg=sft_agent)
+    max_steps = max(exp.agents[i].warmup_sft_max_steps for i, _ in snapshots)
+    rt = build_runtime(sft_exp, exp.agents.index(lead), max_steps, agent_cfg=sft_agent)
     try:
-        return _warm_up(exp, rt, agent, out_dir, verifier)
+        return _warm_up(exp, rt, [(exp.agents[i], out) for i, out in snapshots], verifier)
     finally:  # a Ray agent's actors and placement group must be free for the RL run's own agent
         rt.close()
 
 
-def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, agent: AgentConfig, out_dir: Path,
-             verifier: VerifierPool) -> dict[str, Any]:
+def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[AgentConfig, Path]],
+             verifier: VerifierPool) -> dict[str, dict]:
     task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path)  # apart from RL
     # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
     eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
-    start, accuracy, step = time.time(), 0.0, 0
-    while step < agent.warmup_sft_max_steps:
-        batch = sft_batch(rt, task, task.sample(agent.warmup_sft_batch, offset=step * agent.warmup_sft_batch))
+    pending = sorted(snapshots, key=lambda s: s[0].warmup_sft_target)
+    batch_size, start, step, out = pending[0][0].warmup_sft_batch, time.time(), 0, {}
+    while pending:
+        batch = sft_batch(rt, task, task.sample(batch_size, offset=step * batch_size))
         metrics = rt.trainer.train([batch], sft_loss)[0]
         step += 1
-        if step % EVAL_EVERY == 0 or step == agent.warmup_sft_max_steps:
-            rt.sync_weights()
-            accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
-            logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f (target %s)", agent.name, step,
-                        metrics["nll_per_token"], accuracy, agent.warmup_sft_target)
-            if accuracy >= agent.warmup_sft_target:
-                break
-    info = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy, "seconds": time.time() - start}
+        if step % EVAL_EVERY != 0 and all(step < a.warmup_sft_max_steps for a, _ in pending):
+            continue
+        rt.sync_weights()
+        accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
+        logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f (targets %s)", rt.name, step,
+                    metrics["nll_per_token"], accuracy, [a.warmup_sft_target for a, _ in pending])
+        for agent, out_dir in [s for s in pending if accuracy >= s[0].warmup_sft_target
+                               or step >= s[0].warmup_sft_max_steps]:
+            out[agent.name] = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy,
+                               "seconds": time.time() - start}
+            if agent.warmup_sft_from is not None:
+                out[agent.name]["snapshot_of"] = agent.warmup_sft_from
+            _save_snapshot(rt, out_dir, out[agent.name])
+            pending.remove((agent, out_dir))
+    return out
+
+
+def _save_snapshot(rt: AgentRuntime, out_dir: Path, info: dict[str, Any]) -> None:
+    """The runtime's current weights, tokenizer and ``info`` as an HF folder, written atomically."""
 
     def save(tmp: Path) -> None:
         rt.engine.model.save_pretrained(tmp)
@@ -144,7 +172,6 @@ def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, agent: AgentConfig, out_di
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2))
 
     atomic_save_dir(out_dir, save, replace=True)  # a crashed warm-up never leaves a half-written cache entry
-    return info
 
 
 def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
@@ -155,26 +182,37 @@ def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
     """
     configure_process(exp)
     exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, sft_warmup=True))
-    out = {}
+    out: dict[str, Path] = {}
     # the built-in verifier scores in-process; a user's checker gets a worker and the run's timeout
     with VerifierPool(num_workers=0, timeout_s=exp.train.verifier_timeout_s, mode=exp.train.verifier_mode,
                       score_fn=custom_score_fn(exp.data.checker)) as verifier:
+        runs: dict[int, list[int]] = {}  # lead agent → the agents whose snapshots its warm-up run makes
         for i, agent in enumerate(exp.agents):
-            if not needs_warmup(exp, agent):
-                continue
-            target, shipped = warmup_dir(exp, i), shipped_warmup(exp, i)
-            if not force and not (target / INFO_FILE).exists() and shipped is not None:
-                info = json.loads((shipped / INFO_FILE).read_text())
-                logger.info("warm-up %s: shipped with the package (%d steps, accuracy %.2f) → %s", agent.name,
-                            info["steps"], info["greedy_accuracy"], shipped)
-                target = shipped
-            elif force or not (target / INFO_FILE).exists():
-                target.parent.mkdir(parents=True, exist_ok=True)
-                info = warm_up_agent(exp, i, target, verifier)
-                logger.info("warm-up %s: done: %d steps, accuracy %.2f, %.0f s → %s", agent.name, info["steps"],
-                            info["greedy_accuracy"], info["seconds"], target)
-            out[agent.name] = target
+            if needs_warmup(exp, agent):
+                runs.setdefault(lead_index(exp, i), []).append(i)
+        for members in runs.values():
+            found = {i: _existing_warmup(exp, i) for i in members}
+            if force or None in found.values():  # one run writes every snapshot it makes
+                found = {i: warmup_dir(exp, i) for i in members}
+                for path in found.values():
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                for name, info in warm_up_run(exp, list(found.items()), verifier).items():
+                    logger.info("warm-up %s: done: %d steps, accuracy %.2f, %.0f s", name, info["steps"],
+                                info["greedy_accuracy"], info["seconds"])
+            out.update({exp.agents[i].name: path for i, path in found.items()})
     return out
+
+
+def _existing_warmup(exp: ExperimentConfig, index: int) -> Path | None:
+    """Agent ``index``'s warm-up from the cache, else the package's shipped one (same key), else None."""
+    target, shipped = warmup_dir(exp, index), shipped_warmup(exp, index)
+    if (target / INFO_FILE).exists():
+        return target
+    if shipped is not None:
+        info = json.loads((shipped / INFO_FILE).read_text())
+        logger.info("warm-up %s: shipped with the package (%d steps, accuracy %.2f) → %s", exp.agents[index].name,
+                    info["steps"], info["greedy_accuracy"], shipped)
+    return shipped
 
 
 def apply_warmup(exp: ExperimentConfig) -> ExperimentConfig:
