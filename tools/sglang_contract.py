@@ -52,6 +52,8 @@ REQUEST_CLASSES = (
     "ReleaseMemoryOccupationReqInput",
     "ResumeMemoryOccupationReqInput",
     "FlushCacheReqInput",
+    "BeginWeightUpdateReqInput",  # 0.5.21 and later: the session around tensor/distributed pushes
+    "EndWeightUpdateReqInput",
 )
 SCHEMA_CLASSES = ("GenerateRequest", "SamplingParams", "WatermarkRequestConfig")
 ROUTE_DECORATORS = {"get": ["GET"], "post": ["POST"], "put": ["PUT"], "delete": ["DELETE"]}

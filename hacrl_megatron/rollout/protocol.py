@@ -14,6 +14,8 @@ disk                   :class:`DiskWeightLoader`: ``update_weights_from_disk(fol
 tensor                 :class:`TensorWeightLoader`: ``tp_size``, ``update_weights_from_tensor(...)``
 distributed            :class:`BroadcastWeightLoader`: ``init/destroy_weights_update_group``,
                        ``update_weights_from_distributed(...)``, ``base_url``, ``tp_size``, ``detached()``
+tensor, distributed    and, where the engine has one, :class:`WeightUpdateSession` around every push:
+                       ``begin_weight_update()`` ... ``end_weight_update()``
 vllm_nccl, vllm_ipc    :class:`WeightTransferReceiver`: vLLM's weight-transfer engine (``init_weight_transfer``,
                        ``start_weight_update``, ``update_weights``, ``finish_weight_update``, ...); what
                        ``distributed`` and ``tensor`` mean for a vLLM server
@@ -149,6 +151,24 @@ class BroadcastWeightLoader(Protocol):
 
     def detached(self) -> BroadcastWeightLoader:
         """A copy of this client that pickles (no server process, no tokenizer), for the trainer's ranks."""
+        ...
+
+
+@runtime_checkable
+class WeightUpdateSession(Protocol):
+    """A client whose engine takes ``tensor`` and ``distributed`` pushes only inside a session (SGLang
+    0.5.21 and later refuse them otherwise): the transports call :meth:`begin_weight_update` on every
+    engine before the first bucket and :meth:`end_weight_update` after the last, also when a bucket
+    failed (``sync/base.weight_update_session``). Clients whose engine has no session lack these."""
+
+    name: str
+
+    def begin_weight_update(self) -> None:
+        """Open the engine's session (nothing for an engine release without one)."""
+        ...
+
+    def end_weight_update(self) -> None:
+        """Close it: the engine finalises the loaded weights."""
         ...
 
 

@@ -48,6 +48,27 @@ from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seed
 
 # SGLang's name for the bucket layout of update_weights_from_distributed (sync/distributed.flatten_bucket)
 FLATTENED_BUCKET = "flattened_bucket"
+# the first release whose scheduler refuses tensor/distributed pushes outside POST /begin_weight_update ...
+# POST /end_weight_update (0.5.20 has neither route; 0.5.21's weight updater checks the session)
+WEIGHT_SESSION_SINCE = (0, 5, 21)
+
+
+def release_tuple(version: str) -> tuple[int, ...]:
+    """``"0.5.23"`` → (0, 5, 23); ``"0.5.15.post1"`` and ``"0.5.22rc1"`` → their first three numbers.
+    Raises ValueError for text without a leading number."""
+    parts = []
+    for piece in version.strip().split(".")[:3]:
+        digits = ""
+        for ch in piece:
+            if not ch.isdigit():
+                break
+            digits += ch
+        if not digits:
+            break
+        parts.append(int(digits))
+    if not parts:
+        raise ValueError(f"not a release number: {version!r}")
+    return tuple(parts)
 
 
 class SGLangError(EngineError):
@@ -91,6 +112,7 @@ class SGLangEngine(ServerLifecycle):
         self.name = name
         self.api_key = api_key or None  # sent as "Authorization: Bearer <key>" (SGLang's --api-key)
         self.restarts = 0
+        self._server_version: str | None = None  # read once (/server_info), kept by detached copies
         self._tokens = 0
         self._seconds = 0.0
         self._sequences = 0
@@ -115,7 +137,12 @@ class SGLangEngine(ServerLifecycle):
             raise SGLangUnreachable(f"SGLang {method} {path}: cannot reach {self.base_url}: {e.reason}") from e
         except (ConnectionError, TimeoutError) as e:  # reset mid-reply, or no reply within timeout
             raise SGLangUnreachable(f"SGLang {method} {self.base_url}{path}: {type(e).__name__}: {e}") from e
-        return json.loads(body) if body else None
+        if not body:
+            return None
+        try:
+            return json.loads(body)
+        except ValueError:  # a route that answers text (/flush_cache)
+            return body.decode(errors="replace")
 
     def post(self, path: str, payload: dict[str, Any] | None = None) -> Any:
         """POST JSON to ``path``; the parsed reply. A reply ``{"success": false}`` raises SGLangError."""
@@ -123,6 +150,19 @@ class SGLangEngine(ServerLifecycle):
         if isinstance(reply, dict) and reply.get("success") is False:
             raise SGLangError(f"SGLang {self.base_url}{path} failed: {reply.get('message', reply)}")
         return reply
+
+    def flush_cache(self) -> None:
+        """Empty the server's prefix cache (``POST /flush_cache``; SGLang answers plain text)."""
+        self.post("/flush_cache", None)
+
+    def server_weight_version(self) -> str:
+        """The weight version the server reports (``/model_info``'s "weight_version": the
+        ``weight_version`` of the last update, SGLang's "default" before any)."""
+        info = self._request("/model_info", None, "GET")
+        version = info.get("weight_version") if isinstance(info, dict) else None
+        if version is None:
+            raise SGLangError(f"SGLang {self.name} ({self.base_url}): /model_info has no \"weight_version\"")
+        return str(version)
 
     def release_memory(self, tags: list[str] | None = None) -> None:
         """Free the server's GPU memory (``tags``: "weights", "kv_cache"; None: both)."""
@@ -132,6 +172,11 @@ class SGLangEngine(ServerLifecycle):
         """Take back what :meth:`release_memory` freed."""
         self.post("/resume_memory_occupation", {} if tags is None else {"tags": list(tags)})
 
+    def restart(self) -> None:
+        """Restart the server this process started; its release is read again afterwards."""
+        self._server_version = None
+        super().restart()
+
     def close(self) -> None:
         """Stop the server this process started (nothing for a server started elsewhere); idempotent."""
         if self.server is not None:
@@ -140,8 +185,55 @@ class SGLangEngine(ServerLifecycle):
     def detached(self) -> SGLangEngine:
         """A client of the same server that pickles (no server handle, no tokenizer): the trainer's
         ranks send the distributed transport's requests with it."""
-        return SGLangEngine(self.base_url, eos_token_id=self.eos_id, tp_size=self.tp_size, timeout=self.timeout,
+        copy = SGLangEngine(self.base_url, eos_token_id=self.eos_id, tp_size=self.tp_size, timeout=self.timeout,
                             name=self.name, api_key=self.api_key)
+        copy._server_version = self._server_version
+        return copy
+
+    # ----------------------------------------------------------------------------------------
+    # the weight-update session (SGLang >= 0.5.21; rollout/protocol.py: WeightUpdateSession)
+
+    def server_version(self) -> str:
+        """The server's SGLang release, read once from ``GET /server_info`` ("version"; releases
+        before ``/server_info`` have ``/get_server_info``)."""
+        if self._server_version is None:
+            try:
+                info = self._request("/server_info", None, "GET")
+            except SGLangError as e:
+                if "HTTP 404" not in str(e):
+                    raise
+                info = self._request("/get_server_info", None, "GET")
+            version = info.get("version") if isinstance(info, dict) else None
+            if not isinstance(version, str) or not version:
+                raise SGLangError(f"SGLang {self.name} ({self.base_url}): /server_info has no \"version\"; "
+                                  "cannot tell whether pushes need a weight-update session")
+            self._server_version = version
+        return self._server_version
+
+    def has_weight_session(self) -> bool:
+        """Whether the server takes tensor/distributed pushes only between begin and end
+        (:data:`WEIGHT_SESSION_SINCE`)."""
+        return release_tuple(self.server_version()) >= WEIGHT_SESSION_SINCE
+
+    def begin_weight_update(self) -> None:
+        """``POST /begin_weight_update {}`` (servers without the session: nothing). A session a
+        failed trainer left open is closed first: this client is the server's only writer."""
+        if not self.has_weight_session():
+            return
+        try:
+            self.post("/begin_weight_update", {})
+        except SGLangUnreachable:
+            raise
+        except SGLangError as e:
+            if "already open" not in str(e):
+                raise
+            self.post("/end_weight_update", {})
+            self.post("/begin_weight_update", {})
+
+    def end_weight_update(self) -> None:
+        """``POST /end_weight_update {}``: the server finalises the pushed weights."""
+        if self.has_weight_session():
+            self.post("/end_weight_update", {})
 
     # ----------------------------------------------------------------------------------------
     # weight updates (rollout/protocol.py: DiskWeightLoader, TensorWeightLoader, BroadcastWeightLoader)

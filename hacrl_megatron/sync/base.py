@@ -20,11 +20,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from contextlib import contextmanager
+from typing import Any, TypeVar
 
 import torch
 
-__all__ = ["NamedTensors", "buckets", "on_all", "tensor_bytes", "with_last"]
+from hacrl_megatron.rollout.protocol import EngineError, WeightUpdateSession
+
+__all__ = ["NamedTensors", "buckets", "engine_failure", "on_all", "tensor_bytes", "weight_update_session",
+           "with_last"]
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -77,3 +81,58 @@ def on_all(engines: Sequence[E], call: Callable[[E], T]) -> list[T]:
     with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="weight-sync") as pool:
         futures = [pool.submit(call, e) for e in engines]
         return [f.result() for f in futures]
+
+
+def on_all_settled(engines: Sequence[E], call: Callable[[E], Any]) -> list[BaseException | None]:
+    """``call(engine)`` for every engine concurrently; each one's exception (None: it succeeded)."""
+    def settled(engine: E) -> BaseException | None:
+        try:
+            call(engine)
+        except Exception as e:  # noqa: BLE001  (returned to the caller, which names the engine)
+            return e
+        return None
+
+    return on_all(engines, settled)
+
+
+def engine_failure(engine: Any, what: str, error: BaseException) -> BaseException:
+    """``error`` re-made with the engine's name and ``what`` failed in front (same class, so that an
+    :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` still reads as a dead engine)."""
+    message = f"engine {getattr(engine, 'name', '?')} ({getattr(engine, 'base_url', 'in process')}): {what}: {error}"
+    if isinstance(error, EngineError):
+        try:
+            return type(error)(message)
+        except TypeError:  # an error class with another signature keeps its own class name in the text
+            pass
+    return EngineError(message)
+
+
+@contextmanager
+def weight_update_session(engines: Sequence[Any]) -> Iterator[None]:
+    """Run the body (every bucket of one push) inside each engine's weight-update session.
+
+    ``begin_weight_update`` goes to every engine that has a session
+    (:class:`~hacrl_megatron.rollout.protocol.WeightUpdateSession`) before the body; if one refuses, the
+    sessions already opened are closed and nothing is pushed. ``end_weight_update`` goes to every engine
+    whose session opened, also when the body failed (its error is then the one raised; a failing end
+    is reported on it). Errors name the engine.
+    """
+    sessions = [e for e in engines if isinstance(e, WeightUpdateSession)]
+    began = on_all_settled(sessions, lambda e: e.begin_weight_update())
+    opened = [e for e, err in zip(sessions, began) if err is None]
+    refused = [(e, err) for e, err in zip(sessions, began) if err is not None]
+    if refused:
+        on_all_settled(opened, lambda e: e.end_weight_update())
+        engine, err = refused[0]
+        raise engine_failure(engine, "begin_weight_update refused, nothing pushed", err) from err
+    try:
+        yield
+    except BaseException as failure:
+        for engine, err in zip(opened, on_all_settled(opened, lambda e: e.end_weight_update())):
+            if err is not None:
+                failure.add_note(f"engine {engine.name}: end_weight_update after the failure failed too: {err}")
+        raise
+    ended = on_all_settled(opened, lambda e: e.end_weight_update())
+    for engine, err in zip(opened, ended):
+        if err is not None:
+            raise engine_failure(engine, "end_weight_update failed after the push", err) from err

@@ -33,20 +33,28 @@ restart breaks the group; the next push destroys it everywhere and creates a new
 from __future__ import annotations
 
 import datetime
+import functools
 import itertools
 import os
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import torch
 
 from hacrl_megatron.net import bound_tcp_store, free_port, node_address_towards
-from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineUnreachable
-from hacrl_megatron.sync.base import NamedTensors, buckets, on_all, tensor_bytes, with_last
+from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineError, EngineUnreachable
+from hacrl_megatron.sync.base import (
+    NamedTensors,
+    buckets,
+    on_all,
+    tensor_bytes,
+    weight_update_session,
+    with_last,
+)
 from hacrl_megatron.sync.nccl_version import Version, check_nccl_versions, engine_versions
 
 _GROUP_IDS = itertools.count()
@@ -163,9 +171,39 @@ def broadcast_async(group: Any, tensor: torch.Tensor) -> Any:
 # the transport
 
 
+ABANDON_GRACE_S = 30.0  # a failed push: how long the other members get to finish or leave the group
+
+
+class _Request:
+    """One engine's request for one bucket, sent from a daemon thread: a request that hangs (a
+    server stuck in the broadcast) must not keep the trainer waiting or its process from exiting."""
+
+    def __init__(self, engine: Any, call: Callable[[], Any], what: str) -> None:
+        self.engine, self.what, self.error = engine, what, None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(call,), daemon=True, name=f"weight-{what}-{engine.name}").start()
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except BaseException as e:  # noqa: BLE001  (read by the transport, which names the engine)
+            self.error = e
+        finally:
+            self.done.set()
+
+    @property
+    def failed(self) -> bool:
+        return self.done.is_set() and self.error is not None
+
+    def outcome(self) -> str:
+        if not self.done.is_set():
+            return "still waiting (its server leaves the group when the group times out)"
+        return f"failed: {self.error}" if self.error is not None else "done"
+
+
 @dataclass
 class _InFlight:
-    futures: list[Future]
+    requests: list[_Request]
     work: Any
     flat: torch.Tensor  # kept alive until the broadcast completed
 
@@ -295,30 +333,77 @@ class DistributedTransport:
                                     "check; not broadcasting to a group that cannot complete")
 
     # ---- one push --------------------------------------------------------------------------
-    def _launch(self, pool: ThreadPoolExecutor, engines: Sequence[BroadcastWeightLoader], flat: torch.Tensor,
-                meta: dict[str, list], last: bool, version: int) -> _InFlight:
-        futures = [pool.submit(e.update_weights_from_distributed, **meta, group_name=self._group_id, flush_cache=last,
-                               version=version) for e in engines]
-        return _InFlight(futures, broadcast_async(self._group, flat), flat)
+    def _launch(self, engines: Sequence[BroadcastWeightLoader], flat: torch.Tensor, meta: dict[str, list],
+                last: bool, version: int) -> _InFlight:
+        requests = [_Request(e, functools.partial(e.update_weights_from_distributed, **meta, group_name=self._group_id,
+                                                  flush_cache=last, version=version), "bucket")
+                    for e in engines]
+        return _InFlight(requests, broadcast_async(self._group, flat), flat)
 
     def _finish(self, inflight: _InFlight) -> None:
-        """Wait for the broadcast and every engine's reply; a failed engine raises at once (the
-        group is then unusable and is rebuilt at the next push)."""
+        """Wait for the broadcast and every engine's reply; a failed engine ends the push at once
+        (:meth:`_abandon`: the group is then taken down and rebuilt at the next push)."""
         deadline = time.monotonic() + self.timeout_s
+        while not inflight.work.is_completed():
+            failed = [r for r in inflight.requests if r.failed]
+            if failed:
+                self._abandon(inflight, failed)
+            if time.monotonic() > deadline:
+                self._abandon(inflight, [], f"the broadcast did not finish within {self.timeout_s:.0f} s")
+            time.sleep(0.0005)
         try:
-            while not inflight.work.is_completed():
-                for f in inflight.futures:
-                    if f.done() and f.exception() is not None:
-                        raise f.exception()
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"weight broadcast not finished after {self.timeout_s:.0f} s")
-                time.sleep(0.0005)
             inflight.work.wait()
-            for f in inflight.futures:
-                f.result(timeout=self.timeout_s)
-        except BaseException:
-            self._stale = True
-            raise
+        except Exception as e:  # noqa: BLE001  (a member's sockets closed: reported with the engines' replies)
+            self._abandon(inflight, [r for r in inflight.requests if r.failed], f"the broadcast failed: {e}")
+        for r in inflight.requests:
+            r.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if any(not r.done.is_set() or r.failed for r in inflight.requests):
+            self._abandon(inflight, [r for r in inflight.requests if r.failed],
+                          "" if any(r.failed for r in inflight.requests)
+                          else f"an engine did not answer within {self.timeout_s:.0f} s")
+
+    def _abandon(self, inflight: _InFlight, failed: list[_Request], why: str = "") -> None:
+        """End a failed push without leaving the trainer's side of the broadcast outstanding, then raise.
+
+        An engine that refused its bucket never joined the broadcast, so rank 0's send to its ranks
+        would wait for the group's timeout: every member is asked to leave the group (the refusing
+        engine's ranks are free to, which closes their gloo sockets and fails that send at once), an
+        nccl communicator is aborted, and the other engines' requests get :data:`ABANDON_GRACE_S` to
+        finish. The error names the failing engines (class of the first one's error, so a dead server
+        reads as :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable`) and what became of the others.
+        """
+        group, members, group_id = self._group, self._members, self._group_id
+        self._group, self._members, self._stale = None, [], True
+        if self.backend == "nccl" and hasattr(group, "abort"):
+            try:
+                group.abort()
+            except Exception:  # noqa: BLE001  (already torn down)
+                pass
+        leaving = [_Request(e, functools.partial(e.destroy_weights_update_group, group_id), "leave") for e in members]
+        deadline = time.monotonic() + min(ABANDON_GRACE_S, self.timeout_s)
+        while not inflight.work.is_completed() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for r in inflight.requests + leaving:
+            r.done.wait(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            destroy_weight_group(group)
+        except Exception:  # noqa: BLE001  (a broken nccl communicator may refuse; it is dropped either way)
+            pass
+        failed = failed or [r for r in inflight.requests if r.failed]
+        names = ", ".join(f"engine {r.engine.name} ({r.engine.base_url})" for r in failed) or "the engines"
+        causes = "; ".join(f"{r.engine.name}: {r.error}" for r in failed)
+        others = "; ".join(f"{r.engine.name}: {r.outcome()}" for r in inflight.requests if r not in failed)
+        message = (f"weight group {self.group_name!r}: push failed at {names}"
+                   + (f": {why}" if why else "") + (f" ({causes})" if causes else "")
+                   + (f"; the other engines' bucket requests: {others}" if others else "")
+                   + "; the group was taken down on every member and is rebuilt at the next push")
+        first = failed[0].error if failed else None
+        cls = type(first) if isinstance(first, EngineError) else EngineError
+        try:
+            error = cls(message)
+        except TypeError:
+            error = EngineError(message)
+        raise error from first
 
     def push(self, engines: Sequence[BroadcastWeightLoader], named_tensors: NamedTensors, version: int) -> int:
         """Broadcast ``named_tensors`` from this process, or, for a transport built with ``ranks``,
@@ -335,12 +420,14 @@ class DistributedTransport:
         self._check_answering(engines)
         self._ensure_group(engines)
         count, inflight = 0, None
-        with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="weight-broadcast") as pool:
+        # every engine's session opens before the first broadcast starts (a server refuses a bucket
+        # outside it) and closes after the last, also when one failed
+        with weight_update_session(engines):
             for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
                 flat, meta = flatten_bucket(bucket, self.device)  # gathering this bucket overlapped the last broadcast
                 if inflight is not None:
                     self._finish(inflight)
-                inflight = self._launch(pool, engines, flat, meta, last, version)
+                inflight = self._launch(engines, flat, meta, last, version)
                 count += len(bucket)
                 self.buckets_sent += 1
                 self.bytes_sent += sum(tensor_bytes(t) for _, t in bucket)

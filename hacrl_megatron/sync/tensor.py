@@ -18,7 +18,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from hacrl_megatron.rollout.protocol import TensorWeightLoader
-from hacrl_megatron.sync.base import NamedTensors, buckets, on_all, with_last
+from hacrl_megatron.sync.base import (
+    NamedTensors,
+    buckets,
+    engine_failure,
+    on_all,
+    weight_update_session,
+    with_last,
+)
 from hacrl_megatron.sync.cuda_ipc import dumps_named_tensors
 
 
@@ -36,17 +43,23 @@ class TensorTransport:
         self.bucket_bytes = bucket_bytes
 
     def push(self, engines: Sequence[TensorWeightLoader], named_tensors: NamedTensors, version: int) -> int:
+        """Every bucket to every engine, inside each engine's weight-update session (closed also when a
+        bucket fails; errors name the engine). Returns the number of tensors."""
         count = 0
-        for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
+        with weight_update_session(engines):
+            for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
 
-            def send(engine: TensorWeightLoader, bucket: list = bucket, last: bool = last) -> None:
-                # one pickle per receiving rank: each unpickling consumes its handles (CUDA IPC
-                # reference counts, shared-memory file descriptors)
-                engine.update_weights_from_tensor([dumps_named_tensors(bucket) for _ in range(engine.tp_size)],
-                                                  flush_cache=last, version=version)
+                def send(engine: TensorWeightLoader, bucket: list = bucket, last: bool = last) -> None:
+                    # one pickle per receiving rank: each unpickling consumes its handles (CUDA IPC
+                    # reference counts, shared-memory file descriptors)
+                    try:
+                        engine.update_weights_from_tensor([dumps_named_tensors(bucket) for _ in range(engine.tp_size)],
+                                                          flush_cache=last, version=version)
+                    except Exception as e:
+                        raise engine_failure(engine, "update_weights_from_tensor failed", e) from e
 
-            on_all(engines, send)
-            count += len(bucket)
+                on_all(engines, send)
+                count += len(bucket)
         if count == 0:
             raise ValueError("TensorTransport.push: no tensors given")
         return count
