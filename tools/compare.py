@@ -21,7 +21,8 @@ tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (fina
 ±std error bars, and the seed-mean greedy learning curves per agent), ``compare_paired.png`` (each
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5d (``hacpo+pessimistic``, ``hacpo+adaptive``,
-``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``, and the rollout modes ``hacpo+one_step_off``, ``hacpo+async2``).
+``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``, and the rollout modes ``hacpo+one_step_off``, ``hacpo+async2``),
+and the paper's ablations of §8 (``hacpo-adv``, ``hacpo-omega``, ``hacpo-stepwise``, ``hacpo-clip``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,11 @@ VARIANTS = {
     # one weight version behind (one_step_off) or up to K = 2 versions behind (async)
     "hacpo+one_step_off": ("train.rollout_mode=one_step_off",),
     "hacpo+async2": ("train.rollout_mode=async", "train.max_staleness=2"),
+    # the paper's ablations (docs/algorithm.md §8): one mechanism of HACPO switched off
+    "hacpo-adv": ("hacpo.capability_aware_advantage=false",),
+    "hacpo-omega": ("hacpo.discrepancy_coefficient=false",),
+    "hacpo-stepwise": ("hacpo.stepwise=false",),
+    "hacpo-clip": ("hacpo.cross_clip=false",),
 }
 # Settings every comparison run gets before the user's --set (which may override them): quiet logs
 # in a file, and resume from the run's own checkpoint after an interruption.

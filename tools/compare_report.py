@@ -19,7 +19,9 @@ METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo
                  "hacpo+pessimistic": "HACPO+pess.", "hacpo+adaptive": "HACPO+adapt.", "hacpo+both": "HACPO+both",
                  "hacpo+gspo_clip": "HACPO+GSPO clip", "hacpo+decoupled": "HACPO+decoupled",
                  "hacpo+parity": "HACPO (parity)", "naive_merge": "Naive (merge)",
-                 "hacpo+one_step_off": "HACPO (one-step-off)", "hacpo+async2": "HACPO (async, K=2)"}
+                 "hacpo+one_step_off": "HACPO (one-step-off)", "hacpo+async2": "HACPO (async, K=2)",
+                 "hacpo-adv": "HACPO −Adv", "hacpo-omega": "HACPO −ω", "hacpo-stepwise": "HACPO no-stepwise",
+                 "hacpo-clip": "HACPO no-clip"}
 
 
 class CompareError(ValueError):

@@ -327,3 +327,16 @@ def test_parity_method_and_naive_merge_share_the_warmup(tmp_path):
     assert (parity.rollout.eos_mode, parity.train.minibatch_order) == ("strip_all", "self_first")
     assert {s.method: s for s in specs}["naive_merge"].exp.hacpo.algorithm == "naive_merge"
     assert len(set(map(tuple, cmp.check_shared_warmup(specs).values()))) == 1
+
+
+def test_paper_ablations_switch_one_mechanism_and_share_the_warmup(tmp_path):
+    methods = ["hacpo", "gspo_x2", "hacpo-adv", "hacpo-omega", "hacpo-stepwise", "hacpo-clip"]
+    specs = {s.method: s.exp.hacpo for s in cmp.plan_runs("cpu_state", methods, [3], [], tmp_path)}
+    flags = ("capability_aware_advantage", "discrepancy_coefficient", "stepwise", "cross_clip")
+    assert all(getattr(specs["hacpo"], f) for f in flags)
+    for method, flag in zip(methods[2:], flags):
+        assert specs[method].algorithm == "hacpo"
+        assert [getattr(specs[method], f) for f in flags] == [f != flag for f in flags]
+    plan = cmp.plan_runs("cpu_state", methods, [3, 4], [], tmp_path)
+    by_seed = cmp.check_shared_warmup(plan)
+    assert by_seed[3] != by_seed[4]  # every seed its own warm-up run, so its own two snapshots
