@@ -67,8 +67,19 @@ def _check_files(cfg) -> None:
     """The files the run reads exist here (data, checker, models, tokenizers, init checkpoints) and
     every path it writes can be written (output and checkpoint folders, metrics, the cache)."""
     check_data_files(cfg.data)
+    _check_data_rows(cfg)
     check_model_files(cfg)
     check_output_paths(cfg)
+
+
+def _check_data_rows(cfg) -> None:
+    """The data file parses and holds the held-out prompts the run evaluates on: the same reading as
+    training start-up, so `hacrl config` refuses exactly what `hacrl train` would."""
+    from hacrl_megatron.data.tasks import BENCHMARKS, task_and_eval_set
+
+    d = cfg.data
+    if d.task in BENCHMARKS:  # a procedural task generates what it is asked for
+        task_and_eval_set(d.task, d.difficulty, d.seed, d.path, d.eval_size if cfg.train.eval_every else 0)
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -61,20 +62,32 @@ _DATA_SUFFIXES = (".jsonl", ".json", ".parquet")
 # A row normaliser returns (question, answer, id or None, solution or None); None answer = skip row.
 Row = tuple[str, str | None, str | None, str | None]
 MAX_REPORTED_ROWS = 5  # skipped rows named in the warning
+_QUESTION_COLUMNS = ("question", "problem", "prompt")  # a custom dataset's question, first present
 
 
 class DataFileError(InputError):
     """A data file that is empty, malformed or lacks a column; the message names the file and line."""
 
 
+class _BadValue(ValueError):
+    """A row value of a type no record can hold (a mapping as the question, NaN as the answer)."""
+
+
 def _answer_text(value: Any) -> str | None:
-    """A reference answer as a string: ints as digits, integral floats without ``.0``, lists joined."""
+    """A reference answer as a string: ints as digits, integral floats without ``.0``, lists joined.
+
+    Raises :class:`_BadValue` for a mapping or a non-finite number: stringified, it would be a
+    reference no response can match ("nan", "{'k': 1}")."""
     if value is None:
         return None
     if isinstance(value, bool):
         return str(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise _BadValue(f"the reference answer is {value} (not a finite number)")
     if isinstance(value, float) and value.is_integer():
         return str(int(value))
+    if isinstance(value, dict):
+        raise _BadValue("the reference answer is a mapping (expected text, a number or a list of them)")
     if isinstance(value, (list, tuple)):
         parts = [p for p in (_answer_text(v) for v in value) if p]
         return ", ".join(parts) if parts else None
@@ -144,8 +157,7 @@ def _olympiad_row(row: dict) -> Row:
 
 def _custom_row(row: dict) -> Row:
     solution = row.get("solution")
-    return _col(row, "question", "problem", "prompt"), _answer_text(_col(row, "answer")), row.get("id"), \
-        (str(solution) if solution is not None else None)
+    return _col(row, *_QUESTION_COLUMNS), _answer_text(_col(row, "answer")), row.get("id"), solution
 
 
 _NORMALISERS: dict[str, Callable[[dict], Row]] = {
@@ -200,27 +212,34 @@ def resolve_data_files(name: str, path: str | None = None, split: str | None = N
     return found
 
 
+def _json_value(text: str, path: Path, lineno: int | None = None, hint: str = "") -> Any:
+    """``json.loads(text)`` of line ``lineno`` of ``path`` (None: the whole file); DataFileError naming the
+    file and line for malformed JSON, an integer longer than Python converts (4,300 digits) or nesting
+    deeper than Python's recursion."""
+    where = f"{path}:{lineno}" if lineno is not None else str(path)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        line = where if lineno is not None else f"{path}:{err.lineno}"
+        raise DataFileError(f"{line}: not valid JSON ({err.msg} at column {err.colno}){hint}") from None
+    except ValueError as err:  # int('9' * 5000): Python refuses to convert more than 4300 digits
+        raise DataFileError(f"{where}: a value cannot be read ({str(err).split(';')[0]}){hint}") from None
+    except RecursionError:
+        raise DataFileError(f"{where}: nested too deeply to read (arrays or objects inside each other){hint}") from None
+
+
 def _json_rows(path: Path) -> list[tuple[dict, str]]:
     """(row, "file:line") of a JSON-lines file, or of a ``.json`` file holding one list of objects."""
     text = path.read_text(encoding="utf-8", errors="strict")
     if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            items = json.loads(text)
-        except json.JSONDecodeError as err:
-            raise DataFileError(f"{path}:{err.lineno}: not valid JSON ({err.msg} at column {err.colno})") from None
+        items = _json_value(text, path)
         rows = [(item, f"{path} item {i}") for i, item in enumerate(items)]
     else:
         rows = []
+        hint = "; each line must hold one JSON object: fix or delete that line"
         for lineno, line in enumerate(text.splitlines(), start=1):
-            if not line.strip():
-                continue
-            try:
-                rows.append((json.loads(line), f"{path}:{lineno}"))
-            except json.JSONDecodeError as err:
-                raise DataFileError(
-                    f"{path}:{lineno}: not valid JSON ({err.msg} at column {err.colno}); "
-                    "each line must hold one JSON object: fix or delete that line"
-                ) from None
+            if line.strip():
+                rows.append((_json_value(line, path, lineno, hint), f"{path}:{lineno}"))
     for row, where in rows:
         if not isinstance(row, dict):
             raise DataFileError(f"{where}: expected a JSON object (one record), got {type(row).__name__}")
@@ -253,6 +272,35 @@ def _read_rows(files: list[Path]) -> list[tuple[dict, str]]:
     return rows
 
 
+def _record(name: str, split: str, i: int, row: dict, where: str) -> tuple[PromptRecord, str | None] | None:
+    """Row ``i`` of dataset ``name`` as (record, solution); None for a row without a question or an
+    answer. DataFileError naming ``where`` and the column for a missing column or a value of the
+    wrong type (a list as the question, NaN as the answer, a mapping as the id)."""
+    try:
+        question, answer, rid, solution = _NORMALISERS[name](row)
+    except KeyError as exc:
+        raise DataFileError(f"{where}: {name} row has no value in column {exc.args[0]} (missing or null); "
+                            f"its columns are {sorted(row)}") from None
+    except _BadValue as err:
+        column = "final_answer" if name == "olympiadbench" else "answer"
+        raise DataFileError(f"{where}: column {column}: {err}") from None
+    except (TypeError, AttributeError) as err:  # e.g. a list where the normaliser joins or searches text
+        raise DataFileError(f"{where}: {name} row holds a value of the wrong type ({err})") from None
+    if not isinstance(question, str):
+        column = next((c for c in _QUESTION_COLUMNS if row.get(c) is not None), "question")
+        raise DataFileError(f"{where}: column {column}: the question must be text, got {type(question).__name__}")
+    if solution is not None and not isinstance(solution, str):
+        raise DataFileError(f"{where}: column solution: must be text, got {type(solution).__name__}")
+    if isinstance(rid, float) and rid.is_integer():
+        rid = int(rid)
+    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int))):
+        raise DataFileError(f"{where}: column id: must be text or an integer, got {type(rid).__name__}")
+    if not answer or not question.strip():
+        return None
+    rec_id = f"{name}-{rid}" if rid not in (None, "") else f"{name}-{split}-{i}"
+    return PromptRecord(rec_id, question, answer, name, "math"), solution
+
+
 def load_benchmark_rows(
     name: str, path: str | None = None, limit: int | None = None, split: str | None = None
 ) -> list[tuple[PromptRecord, str | None]]:
@@ -268,21 +316,21 @@ def load_benchmark_rows(
     rows = _read_rows(files)
     out: list[tuple[PromptRecord, str | None]] = []
     skipped: list[str] = []
+    first_use: dict[str, str] = {}  # id -> where it was first read
     for i, (row, where) in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
-        try:
-            question, answer, rid, solution = _NORMALISERS[name](row)
-        except KeyError as exc:
-            raise DataFileError(
-                f"{where}: {name} row has no value in column {exc.args[0]} (missing or null); "
-                f"its columns are {sorted(row)}"
-            ) from None
-        if not answer or not str(question).strip():
+        item = _record(name, split, i, row, where)
+        if item is None:
             skipped.append(where)
             continue
-        rec_id = f"{name}-{rid}" if rid not in (None, "") else f"{name}-{split}-{i}"
-        out.append((PromptRecord(rec_id, str(question), answer, name, "math"), solution))
+        rec_id = item[0].id
+        if rec_id in first_use:
+            shown = rec_id.removeprefix(f"{name}-")  # as written in the file (or the row's own default)
+            raise DataFileError(f"{where}: id {shown!r} is already used by {first_use[rec_id]}: ids must be unique "
+                                "(the trainer finds each prompt and its solution by id); rename or remove one")
+        first_use[rec_id] = where
+        out.append(item)
     if skipped:
         shown = ", ".join(skipped[:MAX_REPORTED_ROWS]) + (", ..." if len(skipped) > MAX_REPORTED_ROWS else "")
         logger.warning("%s: skipped %d of %d rows without a question or a reference answer: %s",

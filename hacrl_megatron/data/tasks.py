@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from typing import Protocol
 
-from hacrl_megatron.data.benchmarks import BENCHMARKS, load_benchmark_rows
+from hacrl_megatron.data.benchmarks import BENCHMARKS, DataFileError, load_benchmark_rows
 from hacrl_megatron.data.procedural import TASKS, ProceduralTask
 from hacrl_megatron.data.records import PromptRecord
 from hacrl_megatron.reward.extract import last_boxed_answer
@@ -87,6 +87,11 @@ class DatasetTask:
         """How many records ``eval_set`` can return."""
         return len(self._eval)
 
+    @property
+    def size(self) -> int:
+        """Every record: held out and training."""
+        return len(self._eval) + len(self._train)
+
     def eval_set(self, n: int) -> list[PromptRecord]:
         """The first ``n`` held-out records (n ≤ eval_holdout)."""
         if not 0 <= n <= len(self._eval):
@@ -129,3 +134,20 @@ def make_task(
     raise ValueError(
         f"unknown task {name!r}; procedural tasks: {', '.join(TASKS)}; datasets: {', '.join(BENCHMARKS)}"
     )
+
+
+def task_and_eval_set(
+    name: str, difficulty: int, seed: int, path: str | None, eval_size: int
+) -> tuple[ProceduralTask | DatasetTask, list[PromptRecord]]:
+    """The task of ``data.*`` and its first ``eval_size`` held-out prompts (0 when the run does not
+    evaluate), read the same way by ``hacrl config`` and at training start-up.
+
+    A dataset holding fewer held-out rows than ``eval_size`` raises :class:`DataFileError` naming
+    ``data.eval_size``, the dataset's size and how to proceed (a smaller size, or no evaluation).
+    """
+    task = make_task(name, difficulty, seed, path=path)
+    if isinstance(task, DatasetTask) and eval_size > task.held_out:
+        raise DataFileError(f"data.eval_size={eval_size}: dataset {name!r} ({path}) has {task.size} usable rows, "
+                            f"{task.held_out} of them held out for evaluation (a tenth, at most 200): set "
+                            f"data.eval_size <= {task.held_out}, or train.eval_every=0 to train without evaluation")
+    return task, task.eval_set(eval_size)

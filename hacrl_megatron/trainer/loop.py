@@ -19,8 +19,9 @@ import torch
 from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
-from hacrl_megatron.data import PromptRecord, Task, make_task
+from hacrl_megatron.data import PromptRecord, Task
 from hacrl_megatron.data.eval_sets import load_eval_benchmarks
+from hacrl_megatron.data.tasks import task_and_eval_set
 from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
@@ -69,9 +70,9 @@ class Run:
 
 def setup(exp: ExperimentConfig) -> Run:
     # data first: a missing, empty or malformed data file fails before any warm-up or model build
-    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed, path=exp.data.path)
-    eval_records = task.eval_set(exp.data.eval_size)
-    d = exp.data
+    d = exp.data  # no held-out prompts when the run never evaluates (train.eval_every=0)
+    task, eval_records = task_and_eval_set(d.task, d.difficulty, d.seed, d.path,
+                                           d.eval_size if exp.train.eval_every else 0)
     benchmarks = load_eval_benchmarks(d.eval_benchmarks, d.benchmark_paths, d.eval_limit, d.difficulty, d.seed)
     configure_process(exp)
     exp = apply_warmup(exp)

@@ -84,7 +84,8 @@ def test_json_array_and_parquet_damage_are_named(tmp_path):
 
 
 def test_skipped_rows_are_counted_and_located(tmp_path, caplog):
-    rows = [MATH500_ROW, {**MATH500_ROW, "answer": ""}, {**MATH500_ROW, "problem": " "}, MATH500_ROW]
+    rows = [MATH500_ROW, {**MATH500_ROW, "answer": ""}, {**MATH500_ROW, "problem": " "},
+            {**MATH500_ROW, "unique_id": "test/a/2.json"}]
     f = _jsonl(tmp_path / "test.jsonl", [json.dumps(r) for r in rows])
     with caplog.at_level(logging.WARNING):
         assert len(load_benchmark("math500", str(f))) == 2
