@@ -32,6 +32,7 @@ checkpoint) to continue. Checkpoint paths must be on a filesystem every node see
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -62,6 +63,8 @@ __all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "
 
 DEFAULT_BUCKET_BYTES = 1 << 30  # ~1 GB of exported weights per object-store round trip
 R = TypeVar("R")
+
+logger = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -359,11 +362,16 @@ class RayAgent:
         self._dead = self._dead or reason
         ray = require_ray()
         workers, self._workers = self._workers, []
-        for w in workers:
-            ray.kill(w, no_restart=True)
-        if self._pg is not None:
-            release(self._pg)
-            self._pg = None
+        try:
+            for w in workers:  # a close path: any failure to kill one rank is logged, the others still go
+                try:
+                    ray.kill(w, no_restart=True)
+                except Exception as err:  # noqa: BLE001
+                    logger.warning("agent %r: could not kill a rank actor: %s: %s", self.name, type(err).__name__, err)
+        finally:
+            pg, self._pg = self._pg, None
+            if pg is not None:
+                release(pg)
 
     def __enter__(self) -> RayAgent:
         return self

@@ -12,6 +12,7 @@ for Ray workers.
 
 from __future__ import annotations
 
+import logging
 import os
 import uuid
 from pathlib import Path
@@ -20,6 +21,7 @@ from typing import Any
 from hacrl_megatron.config import AgentConfig
 from hacrl_megatron.models.parallel import LOOPBACK
 
+logger = logging.getLogger(__name__)
 INSTALL_HINT = "pip install ray  (or the package's launch extra: pip install 'hacrl_megatron[launch]')"
 
 
@@ -119,10 +121,14 @@ def reserve(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_
 
 
 def release(pg: Any) -> None:
-    """Give a placement group's bundles back to the cluster."""
+    """Give a placement group's bundles back to the cluster. A close path: a failure (the cluster
+    already gone) is logged, not raised."""
     from ray.util.placement_group import remove_placement_group
 
-    remove_placement_group(pg)
+    try:
+        remove_placement_group(pg)
+    except Exception as err:  # noqa: BLE001 - the caller's other resources must still be closed
+        logger.warning("could not remove placement group %s: %s: %s", getattr(pg, "id", pg), type(err).__name__, err)
 
 
 def spawn_actors(actor_cls: Any, pg: Any, bundle: dict[str, float], world: int, env_vars: dict[str, str],

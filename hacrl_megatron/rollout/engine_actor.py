@@ -14,11 +14,14 @@ pool need no change). Ray is imported lazily: nothing here runs without a cluste
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import urllib.parse
 from collections.abc import Callable
 from typing import Any
+
+logger = logging.getLogger(__name__)
 
 ACTOR_CALL_TIMEOUT_S = 60.0
 GPUS_PER_NODE_ENV = "HACRL_GPUS_PER_NODE"  # set by hacrl launch's Slurm script (launch/slurm_ray.py)
@@ -168,12 +171,13 @@ class RemoteServer:
         return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
 
     def is_running(self) -> bool:
-        """The server's process runs (False also when its actor or node is gone)."""
+        """The server's process runs (False also when its actor or node is gone, or the call failed
+        with any Ray error: an out-of-memory kill, a lost node)."""
         import ray
 
         try:
             return bool(self._call("is_running"))
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except ray.exceptions.RayError:
             return False
 
     def actor_alive(self) -> bool:
@@ -182,7 +186,7 @@ class RemoteServer:
         try:
             self._call("base_url")
             return True
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
+        except ray.exceptions.RayError:
             return False
 
     def restart(self, timeout: float = 900.0) -> str:
@@ -204,16 +208,22 @@ class RemoteServer:
         return url
 
     def stop(self) -> None:
+        """Stop the server, kill its actor and give its bundle back (idempotent). A close path: any Ray
+        error on the way (a dead actor or node, an out-of-memory kill, a call timeout) is logged, never
+        raised, and the placement group is released whatever happened before."""
         import ray
 
         try:
-            self._call("stop")
-        except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
-            pass
-        ray.kill(self.actor)
-        if self._group is not None:
-            self._group.release_one()
-            self._group = None
+            try:
+                self._call("stop")
+            except ray.exceptions.RayError as err:
+                logger.debug("engine at %s: stop through its actor failed (%s); killing the actor", self.base_url,
+                             type(err).__name__)
+            kill_actor_quietly(self.actor)
+        finally:
+            group, self._group = self._group, None
+            if group is not None:
+                group.release_one()
 
     def node(self) -> dict[str, Any]:
         """The node the server runs on: its address, Ray node id and GPU ids."""
@@ -256,7 +266,26 @@ class _Group:
 
         self.remaining -= 1
         if self.remaining == 0:
-            ray.util.remove_placement_group(self.group)
+            remove_group_quietly(ray, self.group)
+
+
+def kill_actor_quietly(actor: Any) -> None:
+    """``ray.kill`` on a close path: a failure (the cluster already gone) is logged, not raised."""
+    import ray
+
+    try:
+        ray.kill(actor, no_restart=True)
+    except Exception as err:  # noqa: BLE001 - closing must go on for the other resources
+        logger.warning("could not kill Ray actor %s: %s: %s", actor, type(err).__name__, err)
+
+
+def remove_group_quietly(ray: Any, group: Any) -> None:
+    """``remove_placement_group`` on a close path: a failure is logged, not raised."""
+    try:
+        ray.util.remove_placement_group(group)
+    except Exception as err:  # noqa: BLE001 - closing must go on for the other resources
+        logger.warning("could not remove placement group %s: %s: %s", getattr(group, "id", group),
+                       type(err).__name__, err)
 
 
 def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
@@ -302,8 +331,8 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
         urls = ray.get([a.start.remote(timeout) for a in actors], timeout=timeout + ACTOR_CALL_TIMEOUT_S)
     except BaseException:
         for a in actors:
-            ray.kill(a)
-        ray.util.remove_placement_group(group)
+            kill_actor_quietly(a)
+        remove_group_quietly(ray, group)
         raise
     shared = _Group(group, len(actors))
 

@@ -78,23 +78,43 @@ def setup(exp: ExperimentConfig) -> Run:
     exp = apply_warmup(exp)
     total_updates = exp.train.steps * exp.train.mini_batches
     algorithm = build_algorithm(exp.hacpo, len(exp.agents))
-    runtimes = [build_runtime(exp, i, total_updates) for i in range(len(exp.agents))]
-    if algorithm.passes.reference_on_self:  # the KL's frozen reference: the starting weights, before any resume
-        for rt in runtimes:
-            rt.trainer.keep_reference()
-    r, h = exp.rollout, exp.hacpo
-    exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
-                        max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
-    tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
-                                ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
-    verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
-                            mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
-    run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks)
-    run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
-                             lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
-                             lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
-                             concurrent=not any(runs_in_process(rt.engine) for rt in runtimes))
+    runtimes = _build_runtimes(exp, total_updates)
+    built = [rt.close for rt in reversed(runtimes)]  # what a later failure of setup closes
+    try:
+        if algorithm.passes.reference_on_self:  # the KL's frozen reference: the starting weights, before any resume
+            for rt in runtimes:
+                rt.trainer.keep_reference()
+        r, h = exp.rollout, exp.hacpo
+        exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
+                            max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
+        tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
+                                    ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
+        verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
+                                mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
+        built.insert(0, verifier.close)
+        run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks)
+        run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
+                                 lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
+                                 lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
+                                 concurrent=not any(runs_in_process(rt.engine) for rt in runtimes))
+    except BaseException as err:
+        close_all(built, primary=err)
+        raise
     return run
+
+
+def _build_runtimes(exp: ExperimentConfig, total_updates: int) -> list[AgentRuntime]:
+    """Every agent's runtime, in config order (trainers placed in the plan's order). When one fails,
+    those already built are closed (their engines stopped, their placement groups released) and the
+    error that stopped setup is raised."""
+    runtimes: list[AgentRuntime] = []
+    try:
+        for i in range(len(exp.agents)):
+            runtimes.append(build_runtime(exp, i, total_updates))
+    except BaseException as err:
+        close_all([rt.close for rt in reversed(runtimes)], primary=err)
+        raise
+    return runtimes
 
 
 def _prompts(run: Run, index: int) -> list[PromptRecord]:
