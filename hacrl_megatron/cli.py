@@ -7,6 +7,7 @@
     hacrl launch ...                                           submit a job through NeMo-Run
     hacrl plan ...                                             will a layout fit; layouts for a whole cluster
     hacrl prepare data NAME... | model HUB_ID                  datasets and models into data/ and models/
+    hacrl samples RUN [--step N]                               a run's generations, printed readably
     hacrl config [--preset ...] [overrides ...]                print the resolved, validated config
     hacrl presets                                              list built-in presets
 
@@ -43,6 +44,7 @@ EXTERNAL_COMMANDS = {
     "launch": ("hacrl_megatron.launch.cli", "run a hacrl job through NeMo-Run (local, Slurm + Ray cluster, Docker)"),
     "plan": ("hacrl_megatron.plan.cli", "memory, layout and step-time planner for a cluster (docs/planner.md)"),
     "prepare": ("hacrl_megatron.prepare.cli", "fetch the paper's datasets and models (hub or local mirror)"),
+    "samples": ("hacrl_megatron.samples_cli", "print a run's generations (RUN/samples/step-*.jsonl) readably"),
 }
 
 

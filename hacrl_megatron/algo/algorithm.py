@@ -28,7 +28,7 @@ import torch
 from hacrl_megatron.algo.advantages import capability_aware_advantages
 from hacrl_megatron.algo.capability import CapabilityTracker
 from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
-from hacrl_megatron.algo.hacpo import adaptive_center, hacpo_loss
+from hacrl_megatron.algo.hacpo import adaptive_center, cross_clipped_at_start, hacpo_loss
 from hacrl_megatron.algo.inputs import LossInputs
 from hacrl_megatron.algo.kl import self_kl_penalty
 from hacrl_megatron.config import HACPOConfig
@@ -153,6 +153,12 @@ class Algorithm:
         n = self.num_agents
         return torch.tensor([[0.0 if k == j else adaptive_center(tracker.median_log_ratio(k, j), self.cfg)
                               for j in range(n)] for k in range(n)], dtype=torch.float64)
+
+    def cross_clipped(self, log_ratio: float, advantage: float, center: float = 0.0) -> bool | None:
+        """Whether the first update's cross window leaves a cross sample (log s, its advantage, the pair's
+        adaptive centre) without gradient (:func:`~hacrl_megatron.algo.hacpo.cross_clipped_at_start`);
+        None for a method without a cross window."""
+        return cross_clipped_at_start(log_ratio, advantage, center, self.cfg) if self.has_cross_window else None
 
     def record_cross_statistics(self, tracker: CapabilityTracker, metrics: dict[str, float], names: list[str]) -> None:
         """Feed this step's per-pair median log s (``<k>/hacpo/cross_log_ratio_median/<j>``, the mean over

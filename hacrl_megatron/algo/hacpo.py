@@ -188,6 +188,19 @@ def _cross_zero_grad(ratio: torch.Tensor, adv: torch.Tensor, low: float, high: f
     return (ratio < low) | (ratio > high)
 
 
+def cross_clipped_at_start(log_ratio: float, advantage: float, center: float, cfg: HACPOConfig) -> bool:
+    """Whether the cross window of the step's first update (m = 0) leaves one cross sample without gradient,
+    as ``cross_clipfrac`` counts it: s·e^(−c) (log s = ``log_ratio``, c = ``center`` of §5b) outside
+    [lb_0, 1] (eq. 14), or for §5a / §5c only beyond the bound on the advantage's side. §5d clips
+    r = π_θ/π^(k)_old, which is 1 at m = 0; without ``cross_clip`` nothing is clipped."""
+    if not cfg.cross_clip or cfg.cross_clip_mode == "decoupled":
+        return False
+    low, high = cross_window(0, cfg)
+    shifted = torch.tensor([math.exp(log_ratio - center)], dtype=torch.float64)
+    adv = torch.tensor([advantage], dtype=torch.float64)
+    return bool(_cross_zero_grad(shifted, adv, low, high, cfg.cross_clip_mode)[0])
+
+
 def _pair_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, adv: torch.Tensor, own: torch.Tensor,
                   source_index: torch.Tensor, center: torch.Tensor | None) -> dict[str, float]:
     """Per learner-source pair j (cross sequences of source j in this micro-batch; absent sources

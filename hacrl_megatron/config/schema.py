@@ -354,6 +354,12 @@ class LogConfig:
     samples_every: int = 10
     samples_prompts: int = 4  # prompts per samples file (each with every agent's G completions)
     samples_max_chars: int = 2000  # each completion's text is cut at this many characters
+    # the step's generations in <output_dir>/samples/step-NNNNNN.jsonl (question, reference, every agent's
+    # completions with reward, length, advantages, cross ratios) on the first step, every samples_every steps
+    # and the last; a few also as TensorBoard text / a wandb table; 0: never. `hacrl samples RUN` prints them
+    samples_every: int = 10
+    samples_prompts: int = 4  # prompts per samples file (each with every agent's G completions)
+    samples_max_chars: int = 2000  # each completion's text is cut at this many characters
 
 
 @dataclass

@@ -41,6 +41,7 @@ from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
+from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Run:
     history: dict[str, list[float]] = field(default_factory=dict)
     weights_version: int = 0  # the version the engines hold: the weights at the start of step weights_version
     benchmarks: dict[str, list[PromptRecord]] = field(default_factory=dict)  # data.eval_benchmarks' problems
+    samples: list[dict[str, Any]] = field(default_factory=list)  # the last step's samples rows (trainer/samples.py)
 
     @property
     def names(self) -> list[str]:
@@ -232,6 +234,12 @@ def train_step(run: Run) -> dict[str, float]:
     lap("old_logprob")
     run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
     omega = run.tracker.omega()
+    run.samples = []
+    if writes_samples(exp, step + 1):  # before the updates: the ratios and clips the first update sees
+        run.samples = sample_rows(run.runtimes, data, run.exchange, run.algorithm, omega,
+                                  run.algorithm.cross_centers(run.tracker), exp, step + 1)
+        write_samples(exp.output_dir, step + 1, run.samples)
+        lap("samples")
     metrics.update(stages.reward_metrics(data, run.names))
     metrics.update(_update_learners(run, data, omega, step))
     run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)  # used from the next step on
@@ -336,6 +344,7 @@ def _train(exp: ExperimentConfig) -> Run:
                 metrics.update(_evaluate(run, out))
             summary = {n: metrics[f"{n}/reward_mean"] for n in run.names}
             out.log(run.step, metrics, summary)
+            out.log_samples(run.step, run.samples)
             every = exp.checkpoint.every
             if every and (run.step % every == 0 or run.step == exp.train.steps):
                 _save(run)

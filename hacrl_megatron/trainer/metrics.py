@@ -173,6 +173,27 @@ class MetricsLogger:
             if summary:
                 self._bar.set_postfix({k: f"{v:.3f}" for k, v in summary.items()}, refresh=False)
 
+    def log_samples(self, step: int, rows: list[dict[str, Any]]) -> None:
+        """A few of a step's generations (trainer/samples.py rows): TensorBoard text ``samples`` and a wandb
+        table ``samples`` (one row per shown completion); the whole file is under samples/ already."""
+        if not rows or (self._tb is None and self._wandb is None):
+            return
+        from hacrl_megatron.samples_cli import markdown
+
+        if self._tb is not None:
+            self._tb.add_text("samples", markdown(rows), step)
+        if self._wandb is not None:
+            import wandb
+
+            table = wandb.Table(columns=["step", "prompt", "question", "reference", "agent", "completion", "reward",
+                                         "length", "advantage", "cross"])
+            for row in rows[:2]:
+                for agent, items in row["agents"].items():
+                    for c in items[:2]:
+                        table.add_data(step, row["index"], row["question"], row["reference"], agent, c["text"],
+                                       c["reward"], c["length"], json.dumps(c["advantage"]), json.dumps(c.get("cross", {})))
+            self._wandb.log({"samples": table}, step=step)
+
     def write(self, text: str) -> None:
         """Print a line without breaking the progress bar."""
         if self._bar is not None:

@@ -220,14 +220,14 @@ def _held_content(folder: Path, extra: Path | None = None) -> list[str]:
 
 def check_output_paths(exp: Any) -> None:
     """Every path the run writes is usable (:mod:`hacrl_megatron.outputs`): the output and checkpoint
-    folders, ``metrics.jsonl``, ``final/``, ``tensorboard/`` and, when the run uses it, ``$HACRL_CACHE``.
+    folders, ``metrics.jsonl``, ``final/``, ``tensorboard/``, ``samples/`` and, when the run uses it, ``$HACRL_CACHE``.
     Raises :class:`~hacrl_megatron.outputs.OutputPathError` (exit 2) naming the path."""
     probed: set[Path] = set()  # each existing folder is written to once
     out = check_dir(exp.output_dir, "output_dir", probed)
     check_dir(checkpoint_dir(exp), "checkpoint.dir" if exp.checkpoint.dir else "output_dir (its checkpoints/)", probed)
     if exp.log.jsonl:
         check_file(out / "metrics.jsonl", "output_dir's metrics file", probed)
-    for name, used in (("final", True), ("tensorboard", exp.log.tensorboard)):
+    for name, used in (("final", True), ("tensorboard", exp.log.tensorboard), ("samples", exp.log.samples_every > 0)):
         if used:
             check_dir(out / name, f"output_dir's {name}/", probed)
     if uses_cache(exp):
