@@ -11,7 +11,10 @@ a save that fails (a full disk) removes its temp folder at once and says how muc
 
 Reading: :func:`find_resume_checkpoint` verifies the newest checkpoint against its manifest and
 falls back to the newest one that verifies, logging why a newer one was skipped and moving it
-aside to ``damaged-step-…`` (kept for inspection, never pruned). ``state.pt`` is read with
+aside to ``damaged-step-…`` (kept for inspection, never pruned); :func:`resume_from` treats damage
+found only while loading (another model size, other agents, a planted pickle in `state.pt`)
+the same way, and refuses to resume — rather than restart at step 0 over the run's metrics and
+``final/`` — when no checkpoint is left that loads. ``state.pt`` is read with
 ``torch.load(weights_only=True)``: it holds only tensors and plain Python values, so a planted file
 cannot run code (older checkpoints stored numpy's RNG state as an array: the few numpy types that
 needs are allow-listed).
@@ -26,6 +29,7 @@ import os
 import random
 import shutil
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -42,6 +46,7 @@ from hacrl_megatron.durable import (
     is_out_of_space,
     megabytes,
 )
+from hacrl_megatron.errors import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +142,8 @@ def verify_checkpoint(path: str | os.PathLike) -> bool:
         raise DamagedCheckpointError(f"{path}: no {MARKER} marker (the save did not finish)")
     lines = marker.read_text(errors="replace").split("\n")
     expected = next((ln.split()[1] for ln in lines if ln.startswith("manifest-sha256 ") and len(ln.split()) == 2), None)
+    if expected is None and (path / MANIFEST).exists():  # a manifest is written before its marker, never after
+        raise DamagedCheckpointError(f"{path}: {MARKER} holds no checksum of the {MANIFEST} beside it (damaged marker)")
     if expected is None:
         logger.warning("%s: written before checkpoints had a manifest: not verified", path)
         return False
@@ -245,9 +252,53 @@ def find_resume_checkpoint(root: str | os.PathLike) -> Path | None:
             verify_checkpoint(path)
             return path
         except DamagedCheckpointError as err:
-            aside = root / f"damaged-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-            os.replace(path, aside)
-            logger.warning("skipping damaged checkpoint: %s; moved to %s, trying the previous one", err, aside.name)
+            logger.warning("skipping damaged checkpoint: %s; moved to %s, trying the previous one", err,
+                           _move_aside(path).name)
+    return None
+
+
+class ResumeError(InputError):
+    """``checkpoint.resume=true`` finds checkpoints but none it can continue from; the message names the
+    folder (``hacrl`` exits 2: restarting at step 0 would re-log steps and overwrite ``final/``)."""
+
+
+def _one_line(err: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(err).split()) or type(err).__name__  # torch's size-mismatch errors span lines
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+def _move_aside(path: Path) -> Path:
+    aside = path.parent / f"damaged-{path.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    os.replace(path, aside)
+    return aside
+
+
+def resume_from(root: str | os.PathLike, load: Callable[[Path], dict[str, Any]]) -> tuple[Path, dict[str, Any]] | None:
+    """The newest checkpoint under ``root`` that verifies *and* loads: ``(path, load(path))``.
+
+    ``load`` restores the run from a checkpoint (:func:`load_checkpoint`); damage it finds (another
+    model size, other agents, a planted pickle) is handled like damage the manifest finds: the
+    checkpoint is logged, moved aside to ``damaged-step-…`` and the previous one is tried. Returns
+    None when ``root`` holds no checkpoint at all. Raises :class:`ResumeError` when the only checkpoint
+    left cannot be loaded (it stays in place), or when every checkpoint was damaged.
+    """
+    root = Path(root)
+    while (path := find_resume_checkpoint(root)) is not None:
+        try:
+            return path, load(path)
+        except Exception as err:  # any failure to restore: the checkpoint is not one this run can continue
+            logger.debug("loading %s failed", path, exc_info=True)
+            older = [p for p in root.glob("step-*") if (p / MARKER).exists() and p.name < path.name]
+            if not older:
+                raise ResumeError(f"checkpoint {path} cannot be loaded into this run ({_one_line(err)}) and no "
+                                  f"older checkpoint is left in {root}; nothing was changed") from None
+            logger.warning("skipping checkpoint that cannot be loaded: %s: %s; moved to %s, trying the previous one",
+                           path, _one_line(err), _move_aside(path).name)
+    damaged = sorted(p.name for p in root.glob("damaged-step-*")) if root.is_dir() else []
+    if damaged:
+        raise ResumeError(f"checkpoint.resume=true: no checkpoint in {root} can be resumed, every one is damaged "
+                          f"({', '.join(damaged)}); starting over would re-log steps and overwrite final/: remove "
+                          "the damaged-step-* folders to start this run again, or use another output_dir")
     return None
 
 

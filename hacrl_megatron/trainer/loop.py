@@ -27,7 +27,7 @@ from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
-from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, load_checkpoint, save_checkpoint
+from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
     accuracy_table,
@@ -266,14 +266,18 @@ def _save(run: Run) -> None:
 
 def _resume(run: Run) -> bool:
     root = checkpoint_dir(run.exp)
-    path = find_resume_checkpoint(root)  # the newest that verifies; damaged newer ones are skipped (logged)
-    if path is None:
+
+    def restore(path: Path) -> dict[str, Any]:  # any failure here makes resume_from try the previous one
+        state = load_checkpoint(path, run.runtimes)
+        run.tracker.load_state_dict(state["tracker"])
+        run.history, run.step = state["history"], int(state["step"])
+        return state
+
+    found = resume_from(root, restore)  # the newest that verifies and loads; damaged newer ones are skipped (logged)
+    if found is None:
         logger.warning("checkpoint.resume=true but no checkpoint in %s: starting fresh", root)
         return False
-    state = load_checkpoint(path, run.runtimes)
-    run.tracker.load_state_dict(state["tracker"])
-    run.history = state["history"]
-    run.step = int(state["step"])
+    path, state = found
     for rt in run.runtimes:
         rt.sync_weights()
     run.weights_version = run.step
