@@ -90,6 +90,7 @@ NUMBERS: dict[str, Interval] = {
     "agents.*.warmup_sft_target": _i(0, 1, "a greedy accuracy"),
     "agents.*.warmup_sft_max_steps": _i(1, None, "updates"),
     "agents.*.warmup_sft_batch": _i(1, 1 << 16, "sequences per warm-up update, held in memory at once"),
+    "agents.*.warmup_sft_eval_every": _i(1, None, "warm-up updates between accuracy checks"),
     "agents.*.rollout_gpu_ids.*": _i(0, 65535, "a GPU index"),
     "rollout.samples_per_prompt": _i(2, 1024, "G responses per prompt are generated and held in memory at once "
                                               "(the paper uses 8); group baselines need two"),

@@ -119,6 +119,7 @@ class AgentConfig:
     warmup_sft_target: float = 0.4  # stop the warm-up when greedy accuracy reaches this
     warmup_sft_max_steps: int = 2000
     warmup_sft_batch: int = 128  # sequences per warm-up update
+    warmup_sft_eval_every: int = 20  # warm-up updates between greedy accuracy checks (where it stops or snapshots)
     warmup_sft_from: str | None = None  # an earlier agent's name: this agent is a later snapshot of that agent's
     # warm-up run (same weights, optimiser and data), taken when greedy accuracy reaches warmup_sft_target
     rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang / vLLM servers: k ·

@@ -90,7 +90,8 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
           "must be an identifier (letters, digits, _), it names metric keys and folders")
 
 
-SHARED_WARMUP_FIELDS = ("model", "tokenizer", "prompt_template", "backend", "warmup_sft_lr", "warmup_sft_batch")
+SHARED_WARMUP_FIELDS = ("model", "tokenizer", "prompt_template", "backend", "warmup_sft_lr", "warmup_sft_batch",
+                        "warmup_sft_eval_every")
 
 
 def validate_shared_warmups(agents: list[AgentConfig]) -> None:

@@ -41,7 +41,7 @@ from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configur
 
 logger = logging.getLogger(__name__)
 
-EVAL_EVERY = 20  # warm-up updates between accuracy checks
+EVAL_EVERY = 20  # default warm-up updates between accuracy checks (agents.*.warmup_sft_eval_every)
 EVAL_ITEMS = 100
 
 
@@ -84,6 +84,8 @@ def warmup_key(exp: ExperimentConfig, index: int) -> str:
     }
     if exp.data.checker is not None:  # a user's checker decides when the warm-up stops
         key["checker"] = exp.data.checker
+    if agent.warmup_sft_eval_every != EVAL_EVERY:  # where the run stops; the default leaves older keys alone
+        key["eval_every"] = agent.warmup_sft_eval_every
     if agent.warmup_sft_from is not None:  # a later snapshot of another agent's run: that run is part of the key
         key["trajectory"] = warmup_key(exp, lead_index(exp, index))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -141,12 +143,13 @@ def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[Agen
     # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
     eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
     pending = sorted(snapshots, key=lambda s: s[0].warmup_sft_target)
-    batch_size, start, step, out = pending[0][0].warmup_sft_batch, time.time(), 0, {}
+    batch_size, every = pending[0][0].warmup_sft_batch, pending[0][0].warmup_sft_eval_every
+    start, step, out = time.time(), 0, {}
     while pending:
         batch = sft_batch(rt, task, task.sample(batch_size, offset=step * batch_size))
         metrics = rt.trainer.train([batch], sft_loss)[0]
         step += 1
-        if step % EVAL_EVERY != 0 and all(step < a.warmup_sft_max_steps for a, _ in pending):
+        if step % every != 0 and all(step < a.warmup_sft_max_steps for a, _ in pending):
             continue
         rt.sync_weights()
         accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]

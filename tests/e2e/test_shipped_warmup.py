@@ -1,5 +1,5 @@
-"""Regenerate the shipped CPU-demo warm-ups with tools/ship_warmup.py (the package's own warm-up,
-from scratch, ~5 minutes on 2 cores) and check they still reach their thresholds under the same keys
+"""Regenerate the shipped warm-ups of cpu_demo and cpu_state with tools/ship_warmup.py (the package's own
+warm-up, from scratch, ~5 and ~10 minutes on 2 cores) and check they still reach their thresholds under the same keys
 as the shipped folders, and that shipping them writes readable folders replacing stale ones."""
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ from tests.unit.tool_loading import load_tool
 pytestmark = pytest.mark.slow
 
 
-def test_regenerated_warmups_reach_their_targets_under_the_shipped_keys(tmp_path):
+@pytest.mark.parametrize("preset", ["cpu_demo", "cpu_state"])
+def test_regenerated_warmups_reach_their_targets_under_the_shipped_keys(tmp_path, preset):
     tool = load_tool("ship_warmup")
-    found = tool.regenerate("cpu_demo", tmp_path / "cache")  # raises when an agent stops below its target
-    exp = load_config("cpu_demo")
+    found = tool.regenerate(preset, tmp_path / "cache")  # raises when an agent stops below its target
+    exp = load_config(preset)
     assert sorted(found) == sorted(a.name for a in exp.agents)
     for i, agent in enumerate(exp.agents):
         folder, info = found[agent.name]
         assert folder.name == pretrain.shipped_warmup(exp, i).name  # same key as what the package ships
         assert info["greedy_accuracy"] >= agent.warmup_sft_target
     out = tmp_path / "shipped"
-    (out / "llama-000000000000").mkdir(parents=True)  # a stale warm-up of the same agent
+    (out / f"{exp.agents[0].name}-000000000000").mkdir(parents=True)  # a stale warm-up of the same agent
     written = tool.ship(found, out)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in written)
     for path in written:

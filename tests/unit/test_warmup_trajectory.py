@@ -19,7 +19,8 @@ TINY = {"hidden_size": 16, "num_layers": 1, "num_heads": 2, "num_kv_heads": 2, "
 
 def tiny_state(tmp_path, *extra: str):
     sets = [f"agents.{i}.model.{k}={v}" for i in (0, 1) for k, v in TINY.items()]
-    sets += [f"agents.{i}.warmup_sft_batch=4" for i in (0, 1)] + [f"output_dir={tmp_path / 'run'}"]
+    sets += [f"agents.{i}.{k}" for i in (0, 1) for k in ("warmup_sft_batch=4", "warmup_sft_eval_every=2")]
+    sets += [f"output_dir={tmp_path / 'run'}"]
     return load_config("cpu_state", [*sets, *extra])
 
 
@@ -32,7 +33,6 @@ def scripted_accuracy(monkeypatch, values: list[float]) -> list[int]:
         return {runtimes[0].name: values[len(calls) - 1]}
 
     monkeypatch.setattr(pretrain, "evaluate_agents", fake)
-    monkeypatch.setattr(pretrain, "EVAL_EVERY", 2)
     return calls
 
 
@@ -79,6 +79,12 @@ def test_keys_cache_and_one_run_for_both(tmp_path, monkeypatch):
     # the later snapshot's key covers the run it comes from: the lead's settings change it
     assert pretrain.warmup_key(tiny_state(tmp_path, "agents.0.warmup_sft_target=0.5"), 1) != key_strong
     assert pretrain.warmup_key(tiny_state(tmp_path, "agents.0.lr=1e-4"), 1) == key_strong
+    # the check interval decides where a run stops: part of the key, except at its default (older keys stay)
+    assert pretrain.warmup_key(tiny_state(tmp_path, "agents.0.warmup_sft_eval_every=3",
+                                          "agents.1.warmup_sft_eval_every=3"), 0) != pretrain.warmup_key(exp, 0)
+    demo = load_config("cpu_demo")
+    assert pretrain.warmup_key(load_config("cpu_demo", ["agents.0.warmup_sft_eval_every=20"]), 0) == \
+        pretrain.warmup_key(demo, 0)
     runs = []
 
     def fake_run(e, snapshots, verifier):
@@ -102,6 +108,7 @@ def test_keys_cache_and_one_run_for_both(tmp_path, monkeypatch):
     (["agents.1.warmup_sft_from=nobody"], r"agents.1.warmup_sft_from='nobody': must name an earlier agent"),
     (["agents.0.warmup_sft_from=strong", "agents.1.warmup_sft_from=null"], "must name an earlier agent"),
     (["agents.1.warmup_sft_lr=0.002"], r"agents.1.warmup_sft_lr=0.002: must equal weak's"),
+    (["agents.1.warmup_sft_eval_every=7"], r"agents.1.warmup_sft_eval_every=7: must equal weak's"),
     (["agents.1.model.num_layers=2"], r"agents.1.model=.*must equal weak's"),
     (["agents.1.warmup_sft_target=0.5"], r"agents.1.warmup_sft_target=0.5: must exceed weak's 0.6"),
     (["agents.1.warmup_sft_from=bad name"], r"agents.1.warmup_sft_from"),
