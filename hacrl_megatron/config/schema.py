@@ -142,8 +142,8 @@ class HFEngineConfig:
 
 @dataclass
 class SGLangConfig:
-    """``rollout.sglang``: SGLang servers (``rollout.engine: sglang``; GPU), started by the trainer, one
-    per ``tp`` GPUs of ``agents.N.rollout_gpu_ids``."""
+    """``rollout.sglang``: SGLang servers (``rollout.engine: sglang``; GPU, and CPU with ``cpu: true``),
+    started by the trainer, one per ``tp`` GPUs of ``agents.N.rollout_gpu_ids``."""
 
     WEIGHT_SYNC: ClassVar[tuple[str, ...]] = ("disk", "tensor", "distributed")
 
@@ -163,8 +163,13 @@ class SGLangConfig:
     # address on each node); a fixed address would be bound and advertised by every node's server
     # a file whose first line is the servers' API key (SGLang's --api-key: every request but /health must
     # then carry it as "Authorization: Bearer <key>"); read when the servers start, never stored in the run
-    # folder. "": no key (the servers answer anyone who reaches their address)
+    # folder, never on a command line (a private --config file while the server starts) nor in a log
+    # (redacted). "": no key (the servers answer anyone who reaches their address)
     api_key_file: str = ""
+    # true: the servers run on CPU torch (SGLANG_USE_CPU_ENGINE=1, --device cpu, torch-native attention and
+    # sampler, --dtype of the agent's model.dtype; rollout/sglang_server.CPU_FLAGS). Needs the CPU recipe in
+    # the server's environment (README "Engines": .ci/sglang.sh install); SGLang's own CPU kernels are not used
+    cpu: bool = False
 
     def auto_weight_sync(self, colocate: bool) -> str:
         """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""
@@ -213,7 +218,7 @@ class RolloutConfig:
         "sglang_command": "sglang.command", "sglang_python": "sglang.python",
     }
 
-    engine: str = "hf"  # hf (in-process transformers; CPU / tests) | sglang (servers; GPU) | vllm (servers; GPU
+    engine: str = "hf"  # hf (in-process transformers; CPU / tests) | sglang (servers; GPU, CPU) | vllm (servers; GPU
     # and CPU): the section of the same name below holds that engine's settings
     samples_per_prompt: int = 8  # G; GSPO×2 doubles it
     temperature: float = 1.0

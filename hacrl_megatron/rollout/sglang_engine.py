@@ -43,6 +43,7 @@ import urllib.request
 from typing import Any
 
 from hacrl_megatron.rollout.protocol import EngineError, EngineUnreachable
+from hacrl_megatron.rollout.server_secrets import redact
 from hacrl_megatron.rollout.servers import ServerLifecycle
 from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
@@ -131,7 +132,7 @@ class SGLangEngine(ServerLifecycle):
             with urllib.request.urlopen(req, timeout=self.timeout) as resp:
                 body = resp.read()
         except urllib.error.HTTPError as e:
-            detail = e.read().decode(errors="replace")[:2000]
+            detail = redact(e.read().decode(errors="replace")[:2000], self.api_key)  # never echo the key
             raise SGLangError(f"SGLang {method} {self.base_url}{path} -> HTTP {e.code}: {detail}") from e
         except urllib.error.URLError as e:
             raise SGLangUnreachable(f"SGLang {method} {path}: cannot reach {self.base_url}: {e.reason}") from e

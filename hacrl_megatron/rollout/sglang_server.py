@@ -12,7 +12,13 @@ what is left of it even when the server's main process already died) — never o
 ``agents.N.rollout_gpu_ids`` list k · ``rollout.sglang.tp`` GPUs, k servers, one per consecutive
 group (empty: one server that inherits this process's GPUs); colocated servers
 (``rollout.colocate``) start with ``--enable-memory-saver`` so that they can release their memory
-while the trainer trains. Standard library only.
+while the trainer trains.
+
+``cpu=True`` (``rollout.sglang.cpu``) runs SGLang's Python server with CPU torch: ``SGLANG_USE_CPU_ENGINE=1``
+and :data:`CPU_FLAGS` (torch-native attention and sampler; SGLang's own CPU kernels are not published,
+so the server's environment needs the recipe of ``tests/fixtures/sglang_cpu/``: ``.ci/sglang.sh install``).
+An API key never appears on the command line or in the log (``rollout/server_secrets.py``).
+Standard library only.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from hacrl_megatron.net import free_port
 from hacrl_megatron.rollout.protocol import StartedEngines
+from hacrl_megatron.rollout.server_secrets import KeyConfig, RedactingPump, open_private_log
 from hacrl_megatron.rollout.servers import (
     end_group,
     engine_model_dir,
@@ -44,6 +51,19 @@ if TYPE_CHECKING:
 
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # same variable as hacrl_megatron.config.SGLANG_PYTHON_ENV
 MEMORY_SAVER_FLAG = "--enable-memory-saver"
+# SGLang's server on CPU torch alone: the CPU engine, torch-native attention and sampling (the CPU default,
+# intel_amx, needs SGLang's unpublished CPU kernels), no overlap scheduler, no warm-up request, no grammar
+# backend, a KV cache of at most this many tokens (else a share of the host's memory)
+CPU_ENV = {"SGLANG_USE_CPU_ENGINE": "1"}
+CPU_FLAGS = (("--device", "cpu"), ("--attention-backend", "torch_native"), ("--sampling-backend", "pytorch"),
+             ("--disable-overlap-schedule",), ("--skip-server-warmup",), ("--grammar-backend", "none"),
+             ("--max-total-tokens", "32768"))
+
+
+def cpu_flags(given: Sequence[str]) -> list[str]:
+    """:data:`CPU_FLAGS` except those ``given`` sets already (a flag in ``rollout.sglang.args`` wins)."""
+    named = {a.split("=", 1)[0] for a in given}
+    return [part for flag in CPU_FLAGS if flag[0] not in named for part in flag]
 
 
 def sglang_python(configured: str | os.PathLike | None = None) -> str:
@@ -82,16 +102,18 @@ class SGLangServer:
             (tests; custom launchers). ``{port}`` and ``{host}`` in it are substituted.
         python: interpreter for ``-m sglang.launch_server`` (SGLang in its own virtual
             environment, config ``rollout.sglang.python``); None: :func:`sglang_python`'s fallbacks.
-        api_key: SGLang's ``--api-key`` (appended to the command line, a custom one too): the server
-            then refuses every request but ``/health`` without ``Authorization: Bearer <key>``.
-            It is visible in the process list of the server's node, as any launch flag.
+        api_key: SGLang's API key: the server then refuses every request but ``/health`` without
+            ``Authorization: Bearer <key>``. It goes in a private YAML file named by ``--config``
+            (appended to a custom command too; the file exists only while the server starts) and is
+            redacted from the server's log; it is never on the command line.
+        cpu: run SGLang's server with CPU torch (:data:`CPU_ENV`, :data:`CPU_FLAGS`).
     """
 
     def __init__(self, model_path: str | os.PathLike | None, *, host: str = "127.0.0.1", port: int | None = None,
                  tp_size: int = 1, gpu_ids: Sequence[int] | None = None, mem_fraction_static: float | None = None,
                  extra_args: Sequence[str] = (), log_path: str | os.PathLike | None = None,
                  command: Sequence[str] | None = None, python: str | os.PathLike | None = None,
-                 api_key: str | None = None) -> None:
+                 api_key: str | None = None, cpu: bool = False) -> None:
         if command is None and model_path is None:
             raise ValueError("SGLangServer: model_path is required unless a command is given")
         if tp_size < 1:
@@ -109,6 +131,12 @@ class SGLangServer:
         self._command = None if command is None else list(command)
         self.python = sglang_python(python)
         self.api_key = api_key or None
+        self._key_config = KeyConfig(self.api_key) if self.api_key else None
+        if self.api_key and "--config" in [*self.extra_args, *(self._command or [])]:
+            raise ValueError("SGLangServer: the API key travels in SGLang's --config file; a launch with its own "
+                             "--config cannot carry it as well (put the key into that file, or drop the key file)")
+        self.cpu = cpu
+        self._pump: RedactingPump | None = None
         self.process: subprocess.Popen | None = None
         self.restarts = 0
 
@@ -117,14 +145,18 @@ class SGLangServer:
         return f"http://{self.host}:{self.port}"
 
     def command_line(self) -> list[str]:
-        key = ["--api-key", self.api_key] if self.api_key else []
+        """The launch command; with an API key it names the key's ``--config`` file (written here if
+        :meth:`start` has not written it yet)."""
+        key = []
+        if self._key_config is not None:
+            key = ["--config", str(self._key_config.path or self._key_config.write())]
         if self._command is not None:
             return [a.replace("{port}", str(self.port)).replace("{host}", self.host) for a in self._command] + key
         cmd = [self.python, "-m", "sglang.launch_server", "--model-path", str(self.model_path),
                "--host", self.host, "--port", str(self.port), "--tp-size", str(self.tp_size)]
         if self.mem_fraction_static is not None:
             cmd += ["--mem-fraction-static", str(self.mem_fraction_static)]
-        return cmd + self.extra_args + key
+        return cmd + (cpu_flags(self.extra_args) if self.cpu else []) + self.extra_args + key
 
     def is_running(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -136,18 +168,36 @@ class SGLangServer:
         """Launch the server and wait until ``/health`` answers; returns the base URL."""
         if self.is_running():
             raise SGLangServerError(f"SGLangServer on port {self.port} is already running (pid {self.process.pid})")
-        env = dict(os.environ)
+        env = dict(os.environ, **(CPU_ENV if self.cpu else {}))
         if self.gpu_ids is not None:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, self.gpu_ids))
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("ab") as log:
-            # own session: stop() can end the server and every worker it forks, and only those
+        try:
+            self._launch(env)
+            self._wait_healthy(timeout, interval)
+        finally:
+            if self._key_config is not None:  # read by the server at start-up: no longer on disk
+                self._key_config.discard()
+        return self.base_url
+
+    def _launch(self, env: dict[str, str]) -> None:
+        """Start the process (own session: stop() can end the server and every worker it forks, and only
+        those); its output goes to the log, through a redacting pipe when there is a key."""
+        if self._key_config is not None:
+            self._key_config.write()
+            self.process = launch(self.command_line(), subprocess.PIPE, env)
+            self._pump = RedactingPump(self.process.stdout, self.log_path, self.api_key)
+            return
+        with open_private_log(self.log_path) as log:
             self.process = launch(self.command_line(), log, env)
+
+    def _wait_healthy(self, timeout: float, interval: float) -> None:
         deadline = time.monotonic() + timeout
         while not self.healthy(timeout=interval):
             if self.process.poll() is not None:
                 code = self.process.returncode
                 self.stop()  # its workers may still run
+                if self._pump is not None:
+                    self._pump.join(timeout=10)  # its last lines into the log before they are quoted
                 raise SGLangServerError(startup_failure("SGLang", f"exited with code {code} during start-up",
                                                         self.log_path))
             if time.monotonic() > deadline:
@@ -155,7 +205,6 @@ class SGLangServer:
                 raise SGLangServerError(startup_failure("SGLang", f"not healthy after {timeout:.0f} s (waited for "
                                                         f"GET {self.base_url}/health)", self.log_path))
             time.sleep(interval)
-        return self.base_url
 
     def stop(self, grace: float = 30.0) -> None:
         """SIGTERM the server's process group, SIGKILL it after ``grace`` seconds (what is left of it
@@ -195,19 +244,24 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     extra = list(s.args)
     if r.colocate and MEMORY_SAVER_FLAG not in extra:
         extra.append(MEMORY_SAVER_FLAG)
+    if s.cpu and not any(a.split("=", 1)[0] == "--dtype" for a in extra):
+        # the trainer's dtype: SGLang's auto serves float32 checkpoints in 16 bits on CPU too, which the
+        # post-sync check (1e-3 per token) refuses
+        extra += ["--dtype", agent_cfg.model.dtype]
     groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp, "rollout.sglang.tp")
     if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
         from hacrl_megatron.rollout.engine_actor import planned_nodes, start_remote_servers
 
         kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
                        log_path=str(root / f"server{k}.log"), command=command,
-                       python=None if command else s.python or None, api_key=api_key) for k in range(len(groups))]
+                       python=None if command else s.python or None, api_key=api_key, cpu=s.cpu)
+                  for k in range(len(groups))]
         servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host,
-                                       nodes=planned_nodes(groups, agent_cfg.name))
+                                       nodes=planned_nodes(groups, agent_cfg.name), name=agent_cfg.name)
     else:
         servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,
-                                python=None if command else s.python or None, api_key=api_key)
+                                python=None if command else s.python or None, api_key=api_key, cpu=s.cpu)
                    for k, gpus in enumerate(groups)]
         start_all(servers, "sglang")
     clients = [SGLangEngine(server.base_url, eos_token_id=tokenizer.eos_token_id, tokenizer=tokenizer, tp_size=s.tp,

@@ -87,7 +87,7 @@ def test_hacrl_config_prints_the_engine_sections(capsys, monkeypatch):
     assert main(["config", "--preset", "cpu_demo", "rollout.engine=sglang", "rollout.sglang.tp=2"]) == 0
     rollout = yaml.safe_load(capsys.readouterr().out)["rollout"]
     assert rollout["sglang"] == {"tp": 2, "mem_fraction": 0.7, "args": [], "command": [], "python": "",
-                                 "placement": "local", "host": "", "api_key_file": ""}
+                                 "placement": "local", "host": "", "api_key_file": "", "cpu": False}
     assert rollout["hf"] == {"max_batch_size": 64}
     assert not [k for k in rollout if k.startswith("sglang_")]
     with warnings.catch_warnings():
