@@ -23,9 +23,14 @@ calling process: no hard timeout, but the same guards (length caps, the explosiv
 before math-verify, math-verify's own alarms in the main thread). A user's own checker (a
 ``score_fn`` with a ``user_code`` attribute, :class:`~hacrl_megatron.reward.custom.CustomScorer`)
 always runs in worker processes (one when none is asked for), so ``timeout_s`` bounds user code
-everywhere; when it answers none of ``MAX_USER_TIMEOUTS_IN_A_ROW`` items in a row the pool raises
-:class:`UnresponsiveCheckerError` naming it (a checker that never answers ends the run after about
+everywhere; when it answers none of ``MAX_USER_TIMEOUTS_IN_A_ROW`` items in a row (each one past the
+timeout, or its worker ended by ``sys.exit`` or a crash) the pool raises :class:`UnresponsiveCheckerError`
+naming it (a checker that never answers ends the run after about
 ``timeout_s × MAX_USER_TIMEOUTS_IN_A_ROW / num_workers`` seconds instead of scoring every response 0).
+
+Leftovers: each worker leads its own session and carries a token in its environment; a worker that
+is replaced or stopped takes with it every process of its group and every process that inherited the
+token, so a checker that starts helpers (even ones that ``setsid`` away) leaves nothing running.
 
 Usage::
 
@@ -41,6 +46,7 @@ import math
 import multiprocessing as mp
 import os
 import pickle
+import secrets
 import signal
 import sys
 import tempfile
@@ -60,6 +66,35 @@ _READY = "ready"
 MAX_STARTUP_FAILURES = 3  # start-up failures in a row of one worker slot before the pool gives up
 MAX_USER_TIMEOUTS_IN_A_ROW = 4  # items a user's checker may leave unanswered in a row before the run stops
 STDERR_TAIL_CHARS = 4000
+_TOKEN_ENV = "HACRL_VERIFIER_WORKER"  # marks a worker's environment and so every process it starts
+
+
+def _end_leftovers(groups: list[int], tokens: set[str]) -> None:
+    """SIGKILL what stopped workers leave behind: the process groups they led, and every process whose
+    environment carries one of their ``tokens`` (helpers that left the group with ``setsid``)."""
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except OSError:  # no such group any more (nothing left), or not ours
+            pass
+    marks = {f"{_TOKEN_ENV}={t}".encode() for t in tokens}
+    try:
+        pids = [int(name) for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:  # no /proc (not Linux): the groups are all that can be ended
+        return
+    for pid in pids:
+        if pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = set(f.read().split(b"\0"))
+        except OSError:  # gone, or another user's process
+            continue
+        if env & marks:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
 
 
 class UnresponsiveCheckerError(InputError):
@@ -92,13 +127,20 @@ def _score_one(
         return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]
 
 
-def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, stderr_path: str) -> None:
+def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, stderr_path: str, token: str) -> None:
     """Worker loop: receive (index, request), send (index, score, event, error); None stops it.
 
     Start-up (loading a custom scorer, importing the backend) writes its stderr to ``stderr_path``
     so that the controller can quote it if the start fails; scoring writes to the usual stderr.
+    The worker leads a session of its own and marks its environment with ``token``: whatever its
+    checker starts can be found and ended with it (:func:`_end_leftovers`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
+    os.environ[_TOKEN_ENV] = token
+    try:
+        os.setsid()
+    except OSError:  # already a group leader: the token still finds its descendants
+        pass
     saved_stderr = os.dup(2)
     with open(stderr_path, "w") as capture:
         os.dup2(capture.fileno(), 2)
@@ -129,8 +171,9 @@ class _Worker:
         fd, self.stderr_path = tempfile.mkstemp(prefix="hacrl_verifier_", suffix=".stderr")
         os.close(fd)
         self.conn, child = ctx.Pipe(duplex=True)
-        self.process = ctx.Process(target=_worker_main, args=(child, mode, score_blob, timeout_s, self.stderr_path),
-                                   daemon=True)
+        self.token = secrets.token_hex(8)
+        self.process = ctx.Process(target=_worker_main, daemon=True,
+                                   args=(child, mode, score_blob, timeout_s, self.stderr_path, self.token))
         self.process.start()
         child.close()
         self.ready = False
@@ -165,10 +208,13 @@ class _Worker:
         except OSError:
             pass
 
-    def kill(self) -> None:
+    def kill(self, leftovers: bool = True) -> None:
+        """End the worker; with ``leftovers`` also everything it started (:func:`_end_leftovers`)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
+        if leftovers:
+            _end_leftovers([self.process.pid], {self.token})
         self.conn.close()
         self._drop_stderr()
 
@@ -267,7 +313,8 @@ class VerifierPool:
         for w in self._workers:
             if w.ready:  # a worker still importing would not read the stop message soon
                 w.process.join(timeout=0.5)
-            w.kill()
+            w.kill(leftovers=False)
+        _end_leftovers([w.process.pid for w in self._workers], {w.token for w in self._workers})  # one /proc scan
         self._workers = []
 
     def __enter__(self) -> VerifierPool:
@@ -368,16 +415,22 @@ class VerifierPool:
         elif not w.ready and now >= w.started + self.startup_timeout_s:
             self._failed_start(slot, f"did not start within {self.startup_timeout_s:.0f}s")
 
-    def _check_user_code_answers(self) -> None:
-        """After a timeout: stop when a user's checker has now left too many items in a row unanswered."""
+    def _check_user_code_answers(self, death: str | None = None) -> None:
+        """After a timeout, or a worker's ``death`` on an item (``sys.exit`` or a crash in the checker):
+        stop when a user's checker has now left too many items in a row unanswered."""
         if not self.user_code:
             return
         self._user_timeouts_in_a_row += 1
-        if self._user_timeouts_in_a_row >= MAX_USER_TIMEOUTS_IN_A_ROW:
+        n = self._user_timeouts_in_a_row
+        if n >= MAX_USER_TIMEOUTS_IN_A_ROW and death is None:
             raise UnresponsiveCheckerError(
-                f"{self.user_code} answered none of the last {self._user_timeouts_in_a_row} responses within "
-                f"the verifier's timeout ({self.timeout_s:g} s each): a checker must return a reward in bounded "
-                "time; stopped")
+                f"{self.user_code} answered none of the last {n} responses within the verifier's timeout "
+                f"({self.timeout_s:g} s each): a checker must return a reward in bounded time; stopped")
+        if n >= MAX_USER_TIMEOUTS_IN_A_ROW:
+            raise UnresponsiveCheckerError(
+                f"{self.user_code} answered none of the last {n} responses: its worker process {death} on the "
+                "last one (sys.exit, os._exit or a crash inside the checker); a checker must return a reward "
+                "and leave its process running; stopped")
 
     def _failed_start(self, slot: int, what: str) -> None:
         """Replace a worker that failed to start; the ``MAX_STARTUP_FAILURES``-th failure in a row
@@ -402,8 +455,12 @@ class VerifierPool:
         if not w.ready:
             self._failed_start(slot, w.exit_reason())
             return
-        if w.item is not None:
+        died_on_item = w.item is not None
+        if died_on_item:
             logger.warning("verifier worker died (exit %s) on item %d: scored 0", w.process.exitcode, w.item)
             results[w.item] = 0.0
             self._stats["errors"] += 1
+        reason = w.exit_reason()
         self._replace(slot)
+        if died_on_item:  # sys.exit or a crash inside the checker: as unanswered as a timeout
+            self._check_user_code_answers(death=reason)
