@@ -62,9 +62,14 @@ def compare(n, h, v, lens, temperature, dtype=torch.float32, vocab_size=None):
 def invariance():
     """Bitwise: each sequence alone vs inside two different batches, and a second run.
 
-    Sequences sit at offsets that are multiples of the interpreter's BLOCK_M (16): numpy's BLAS,
-    which the interpreter uses for ``tl.dot``, rounds a row differently depending on its position
-    inside a tile (measured), unlike GPU MMA; the GPU test checks arbitrary offsets.
+    Bitwise only where a sequence starts at a multiple of the interpreter's BLOCK_M (16): numpy's
+    BLAS, which the interpreter uses for ``tl.dot``, rounds a row differently depending on its
+    position inside a tile (measured: the raw split statistics of the sequence at offset 17 differ
+    in the last bit on AVX-512, AVX2 and ATen's default kernels alike; its final log-probs came out
+    equal on AVX-512 and AVX2 by luck and 1 ulp apart under ATEN_CPU_CAPABILITY=default), unlike GPU
+    MMA; the GPU test checks arbitrary offsets bitwise. The sequence at offset 17 must agree within
+    4 float32 ulps of its log-probs (|logp| < 16, so 4·2**-20), which a kernel that mixed sequences
+    or lost a tile would exceed by orders of magnitude.
     """
     hidden, weight, targets, cu = _case(64, 32, 300, [16, 1, 15, 32])
     hidden.requires_grad_(False)
@@ -77,8 +82,12 @@ def invariance():
     alone_ok = True
     for s, (a, b) in enumerate([(0, 16), (16, 17), (17, 32), (32, 64)]):
         alone = sequence_logprobs(hidden[a:b], weight, targets[a:b], torch.tensor([0, b - a]), impl="triton")
-        alone_ok &= torch.equal(alone.token_logps, full.token_logps[a:b])
-        alone_ok &= torch.equal(alone.seq_logp_sum[0], full.seq_logp_sum[s])
+        if a % 16 == 0:
+            alone_ok &= torch.equal(alone.token_logps, full.token_logps[a:b])
+            alone_ok &= torch.equal(alone.seq_logp_sum[0], full.seq_logp_sum[s])
+        else:  # inside a tile: see the docstring
+            alone_ok &= bool((alone.token_logps - full.token_logps[a:b]).abs().max() <= 4 * 2.0**-20)
+            alone_ok &= bool((alone.seq_logp_sum[0] - full.seq_logp_sum[s]).abs() <= 4 * (b - a) * 2.0**-20)
     ok["alone"] = bool(alone_ok)
     # another batch: the 32-token sequence first, then a different 16-token filler
     filler = torch.randn(16, 32, generator=torch.Generator().manual_seed(5)) * 0.5

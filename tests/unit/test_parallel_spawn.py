@@ -31,7 +31,12 @@ class SlowToPrintError(ValueError):
 def fail_first_but_exit_last(rank: int, world: int, init_file: str) -> None:
     if rank == 0:
         raise SlowToPrintError()
-    time.sleep(0.5)  # the peer's collective breaks after rank 0 failed
+    # the peer's collective breaks after rank 0 failed: wait for rank 0's record rather than for a fixed
+    # time, which a loaded machine can outlast before rank 0 has even started
+    record = os.path.join(os.path.dirname(init_file), "failure-rank0.json")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(record) and time.monotonic() < deadline:
+        time.sleep(0.05)
     raise RuntimeError("Connection closed by peer [127.0.0.1]:11422")
 
 
