@@ -58,6 +58,7 @@ from hacrl_megatron.agents.ray_worker import (
     remote_worker_class,
 )
 from hacrl_megatron.config import AgentConfig, TrainConfig
+from hacrl_megatron.ray_nodes import placement_timeout
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "RayExport", "build_ray_agent"]
 
@@ -110,7 +111,10 @@ class RayAgent:
         use_gpu: one GPU per rank in its bundle (nccl where the rank sees CUDA, else gloo); default:
             the cluster has GPUs.
         cpus_per_rank: CPUs in each rank's bundle (also its torch intra-op threads on CPU).
-        placement_timeout_s: how long to wait for the cluster to free the bundles.
+        placement_timeout_s: how long to wait for the cluster to free the bundles (None:
+            ``$HACRL_PLACEMENT_TIMEOUT_S``, default 300).
+        node_spans: (node, ranks) in rank order: the job nodes the plan puts the ranks on (each
+            bundle then asks for its node's ``hacrl_node_<k>`` resource); None: anywhere.
         call_timeout_s: limit for any single SPMD call (None: no limit; training steps can be long).
         bucket_bytes: bytes of exported weights per object-store transfer.
         env_vars: extra environment of every rank (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME).
@@ -120,9 +124,9 @@ class RayAgent:
 
     def __init__(self, agent_cfg: AgentConfig, train_cfg: TrainConfig, *, vocab_size: int | None = None,
                  hf_checkpoint: Any = None, hf_config: Any = None, total_updates: int | None = None,
-                 use_gpu: bool | None = None, cpus_per_rank: int = 1, placement_timeout_s: float = 300.0,
+                 use_gpu: bool | None = None, cpus_per_rank: int = 1, placement_timeout_s: float | None = None,
                  call_timeout_s: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 env_vars: dict[str, str] | None = None) -> None:
+                 env_vars: dict[str, str] | None = None, node_spans: list[tuple[int, int]] | None = None) -> None:
         if cpus_per_rank < 1:
             raise ValueError(f"cpus_per_rank={cpus_per_rank}: must be >= 1")
         if bucket_bytes < 1:
@@ -141,7 +145,8 @@ class RayAgent:
             use_gpu = ray.cluster_resources().get("GPU", 0.0) > 0
         bundle = rank_bundle(use_gpu, cpus_per_rank)
         try:
-            envs = self._start(ray, agent_cfg, bundle, placement_timeout_s, env_vars or {})
+            timeout = placement_timeout() if placement_timeout_s is None else placement_timeout_s
+            envs = self._start(ray, agent_cfg, bundle, timeout, env_vars or {}, node_spans)
             if isinstance(hf_checkpoint, dict):  # one shared-memory copy per node for all its ranks
                 hf_checkpoint = ray.put(SharedStateDict.from_tensors(hf_checkpoint))
             refs = [w.setup.remote(WorkerSetup(env, cpus_per_rank, agent_cfg, train_cfg, hf_config, vocab_size, total_updates),
@@ -167,10 +172,11 @@ class RayAgent:
 
     # ----------------------------------------------------------------------------------------
     def _start(self, ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_s: float,
-               env_vars: dict[str, str]) -> list[dict[str, str]]:
-        """Placement group, one actor per bundle, ranks ordered by node, rendezvous on rank 0's node;
-        returns each rank's torch.distributed environment."""
-        self._pg = reserve(ray, agent_cfg, bundle, timeout_s)
+               env_vars: dict[str, str], node_spans: list[tuple[int, int]] | None) -> list[dict[str, str]]:
+        """Placement group (on the planned nodes when ``node_spans`` is given), one actor per bundle,
+        ranks ordered by node, rendezvous on rank 0's node; returns each rank's torch.distributed
+        environment."""
+        self._pg = reserve(ray, agent_cfg, bundle, timeout_s, node_spans)
         actors = spawn_actors(remote_worker_class(ray), self._pg, bundle, self.world_size, env_vars, self.name)
         self._workers = actors  # bundle order until ranks are known (for close on failure)
         infos = self._gather([a.node_info.remote() for a in actors], "start")

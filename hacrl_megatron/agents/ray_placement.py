@@ -20,6 +20,7 @@ from typing import Any
 
 from hacrl_megatron.config import AgentConfig
 from hacrl_megatron.models.parallel import LOOPBACK
+from hacrl_megatron.ray_nodes import NODE_RESOURCE, describe_node, job_nodes
 
 logger = logging.getLogger(__name__)
 INSTALL_HINT = "pip install ray  (or the package's launch extra: pip install 'hacrl_megatron[launch]')"
@@ -102,18 +103,45 @@ def check_cluster(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float]) ->
     return "STRICT_PACK" if fits_one else "PACK"
 
 
-def reserve(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_s: float) -> Any:
-    """A ready placement group of one ``bundle`` per rank; raises :class:`RayAgentError` (after
-    releasing it) when the cluster does not free the bundles within ``timeout_s``."""
+def pinned_bundles(agent_cfg: AgentConfig, bundle: dict[str, float],
+                   node_spans: list[tuple[int, int]]) -> list[dict[str, float]]:
+    """One ``bundle`` per rank, each asking for its planned node's ``hacrl_node_<k>`` resource:
+    ``node_spans`` lists (node, ranks) in rank order, as the plan lays the trainer out (an agent
+    spanning nodes gets one run of bundles per node)."""
+    if sum(count for _, count in node_spans) != agent_cfg.parallel.world_size:
+        raise RayAgentError(f"{describe(agent_cfg)}: planned spans {node_spans} hold "
+                            f"{sum(c for _, c in node_spans)} ranks")
+    return [{**bundle, NODE_RESOURCE.format(node): 1.0} for node, count in node_spans for _ in range(count)]
+
+
+def reserve(ray: Any, agent_cfg: AgentConfig, bundle: dict[str, float], timeout_s: float,
+            node_spans: list[tuple[int, int]] | None = None) -> Any:
+    """A ready placement group of one ``bundle`` per rank, on the planned nodes when ``node_spans``
+    ((node, ranks) in rank order) is given; raises :class:`RayAgentError` (after releasing it) when
+    the cluster does not free the bundles within ``timeout_s``, naming the planned nodes and what
+    holds their GPUs."""
     from ray.util.placement_group import placement_group
 
-    strategy = check_cluster(ray, agent_cfg, bundle)
     world = agent_cfg.parallel.world_size
-    pg = placement_group([dict(bundle)] * world, strategy=strategy,
-                         name=f"hacrl-{agent_cfg.name}-{uuid.uuid4().hex[:8]}")
+    if node_spans:
+        missing = sorted({n for n, _ in node_spans} - set(job_nodes(ray)))
+        if missing:
+            raise RayAgentError(f"{describe(agent_cfg)}: trainer planned on node {missing[0]}: the Ray cluster has no "
+                                f"node with resource {NODE_RESOURCE.format(missing[0])!r}")
+        bundles = pinned_bundles(agent_cfg, bundle, node_spans)
+        strategy = "STRICT_PACK" if len(node_spans) == 1 else "PACK"
+    else:
+        strategy = check_cluster(ray, agent_cfg, bundle)
+        bundles = [dict(bundle)] * world
+    pg = placement_group(bundles, strategy=strategy, name=f"hacrl-{agent_cfg.name}-{uuid.uuid4().hex[:8]}")
     ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
     if not ready:
         release(pg)
+        if node_spans:
+            where = "; ".join(describe_node(ray, n) for n in dict(node_spans))
+            raise RayAgentError(f"agent {agent_cfg.name!r}: trainer ranks planned on "
+                                f"{', '.join(f'node {n} ({c})' for n, c in node_spans)} not placed within "
+                                f"{timeout_s:g} s: {where}")
         raise RayAgentError(
             f"{describe(agent_cfg)}: placement group of {world} bundles {bundle} ({strategy}) not ready "
             f"after {timeout_s:g} s; free now: {ray.available_resources()} (other agents may hold the rest)")

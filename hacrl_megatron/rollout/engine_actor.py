@@ -21,11 +21,17 @@ import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
+from hacrl_megatron.ray_nodes import (  # noqa: F401  (re-exported: the names engines were placed by)
+    GPUS_PER_NODE_ENV,
+    NODE_RESOURCE,
+    describe_node,
+    gpus_per_node,
+    placement_timeout,
+)
+
 logger = logging.getLogger(__name__)
 
 ACTOR_CALL_TIMEOUT_S = 60.0
-GPUS_PER_NODE_ENV = "HACRL_GPUS_PER_NODE"  # set by hacrl launch's Slurm script (launch/slurm_ray.py)
-NODE_RESOURCE = "hacrl_node_{}"  # the Ray resource every node of a launched job carries, by Slurm node index
 
 
 def planned_nodes(gpu_groups: list[list[int] | None], agent: str) -> list[int | None]:
@@ -289,13 +295,17 @@ def remove_group_quietly(ray: Any, group: Any) -> None:
 
 
 def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], tp: int, host: str = "",
-                         timeout: float = 900.0, nodes: list[int | None] | None = None) -> list[RemoteServer]:
+                         timeout: float = 900.0, nodes: list[int | None] | None = None,
+                         name: str = "") -> list[RemoteServer]:
     """One :class:`ServerActor` of ``server_cls`` per entry of ``server_kwargs`` on its own ``{GPU: tp, CPU: 1}`` bundle of a
     new placement group (SPREAD: engines on as many nodes as the cluster offers). ``nodes[k]``: the
     job node index engine ``k`` must run on (its bundle then asks for that node's resource,
-    ``hacrl_node_<k>``; None: anywhere). Returns the handles, in order, once every server answers;
-    the group goes when the last of them stops. Joins the Ray cluster at ``$RAY_ADDRESS`` when this
-    process is not connected yet (a new local one without it)."""
+    ``hacrl_node_<k>``; None: anywhere; on a launched multi-node job ``$HACRL_GPUS_PER_NODE`` must be
+    set). Returns the handles, in order, once every server answers; the group (named after the agent
+    ``name``) goes when the last of them stops; a group the cluster does not place within
+    ``$HACRL_PLACEMENT_TIMEOUT_S`` (300 s) fails naming the agent, the planned nodes and what holds
+    their GPUs. Joins the Ray cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a
+    new local one without it)."""
     import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -303,6 +313,8 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
 
+    who = f"agent {name!r}: engines" if name else "engines"
+    gpus_per_node(ray, who)  # a launched multi-node job without $HACRL_GPUS_PER_NODE is refused here
     nodes = nodes if nodes is not None else [None] * len(server_kwargs)
     bundles = [{"GPU": float(tp), "CPU": 1.0} for _ in server_kwargs]
     have = ray.cluster_resources()
@@ -315,11 +327,18 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
                                f"(nodes of a `hacrl launch` job carry hacrl_node_<Slurm node index>; unset "
                                f"${GPUS_PER_NODE_ENV} to let Ray place engines anywhere)")
         bundle[name] = 1.0
-    group = placement_group(bundles, strategy="SPREAD")
-    if not group.wait(timeout_seconds=timeout):
-        ray.util.remove_placement_group(group)
-        raise RuntimeError(f"no room in the Ray cluster for {len(bundles)} engine(s) of {tp} GPU(s) each within "
-                           f"{timeout:.0f} s (ray.cluster_resources(): {ray.cluster_resources()})")
+    import uuid
+
+    group = placement_group(bundles, strategy="SPREAD", name=f"hacrl-{name or 'agent'}-engines-{uuid.uuid4().hex[:8]}")
+    wait = placement_timeout()
+    if not group.wait(timeout_seconds=wait):
+        remove_group_quietly(ray, group)
+        planned = sorted({n for n in nodes if n is not None})
+        if planned:
+            raise RuntimeError(f"{who} planned on {', '.join(f'node {n}' for n in planned)} not placed within "
+                               f"{wait:g} s: " + "; ".join(describe_node(ray, n) for n in planned))
+        raise RuntimeError(f"{who}: no room in the Ray cluster for {len(bundles)} engine(s) of {tp} GPU(s) each "
+                           f"within {wait:g} s (ray.available_resources(): {ray.available_resources()})")
     remote = ray.remote(ServerActor)
 
     def place(index: int, kwargs: dict[str, Any]) -> Any:

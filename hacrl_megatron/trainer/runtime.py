@@ -152,6 +152,24 @@ def uses_ray_workers(cfg: AgentConfig) -> bool:
     return cfg.backend == "megatron" and (cfg.workers == "ray" or (cfg.workers == "auto" and cfg.parallel.world_size > 1))
 
 
+def planned_trainer_spans(exp: ExperimentConfig, cfg: AgentConfig) -> list[tuple[int, int]] | None:
+    """(node, ranks) of ``cfg``'s Ray ranks in rank order as the plan lays the job out
+    (:func:`hacrl_megatron.launch.placement.node_plan`: trainers in config order on consecutive GPUs)
+    on a launched multi-node job, whose nodes carry ``hacrl_node_<k>`` and whose GPUs per node
+    ``$HACRL_GPUS_PER_NODE`` gives (an error when missing there); None elsewhere (Ray places the ranks)."""
+    from hacrl_megatron.agents.ray_placement import ensure_ray
+    from hacrl_megatron.launch.placement import node_plan
+    from hacrl_megatron.ray_nodes import gpus_per_node, job_nodes
+
+    ray = ensure_ray()
+    nodes = job_nodes(ray)
+    per_node = gpus_per_node(ray, f"agent {cfg.name!r}")
+    if per_node is None or len(nodes) < 2:
+        return None
+    (planned,) = [a for a in node_plan(exp, max(nodes) + 1, per_node).agents if a.name == cfg.name]
+    return [(node, count) for node, _, count in planned.spans]
+
+
 def build_agent(cfg: AgentConfig, model: PreTrainedModel | Path, exp: ExperimentConfig, total_updates: int,
                 hf_config: PretrainedConfig | None = None) -> AgentHandle:
     """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights: an HF model in this
@@ -166,9 +184,11 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel | Path, exp: Experiment
     if uses_ray_workers(cfg):
         from hacrl_megatron.agents.ray_agent import RayAgent, build_ray_agent
 
+        spans = planned_trainer_spans(exp, cfg)
         if folder:
-            return RayAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates)
-        return build_ray_agent(cfg, model, t, total_updates)
+            return RayAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates,
+                            node_spans=spans)
+        return build_ray_agent(cfg, model, t, total_updates, node_spans=spans)
     from hacrl_megatron.agents.local import LocalAgent
 
     if folder:
