@@ -236,6 +236,7 @@ def main() -> None:
     p.add_argument("--configs", default=None,
                    help="GPU tuning: ';'-separated Triton tile configs BLOCK_M,BLOCK_V,BLOCK_K,SPLIT_V,warps,stages, "
                         "each timed as an extra 'triton' row (sets HACRL_LOGPROB_TRITON_CONFIG in the child)")
+    p.add_argument("--json", default=None, help="also write [{case, rows}] as JSON to this file")
     p.add_argument("--child", help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -261,6 +262,7 @@ def main() -> None:
             print(json.dumps(_child_cpu_memory(args.child, *cases[0], args.chunk_size)))
         return
     methods = args.methods.split(",") if args.methods else (METHODS_GPU if args.gpu else METHODS_CPU)
+    reports = []
     for case in cases:
         rows = [_run_child(args, m, case) for m in methods]
         if args.gpu:
@@ -270,6 +272,9 @@ def main() -> None:
             for row in rows:
                 row.update(timing.get(row["method"], {"error": timing.get("error", "timing failed")}))
         _report(case, rows, args.gpu, args)
+        reports.append({"case": list(case), "rows": rows})
+        if args.json:  # rewritten after every case: a run cut short still leaves the finished ones
+            Path(args.json).write_text(json.dumps(reports, indent=1))
 
 
 if __name__ == "__main__":
