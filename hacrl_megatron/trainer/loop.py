@@ -98,7 +98,8 @@ def setup(exp: ExperimentConfig) -> Run:
         run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
                                  lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
                                  lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
-                                 concurrent=not any(runs_in_process(rt.engine) for rt in runtimes))
+                                 concurrent=not any(runs_in_process(rt.engine) for rt in runtimes),
+                                 end=exp.train.steps)
     except BaseException as err:
         close_all(built, primary=err)
         raise
@@ -244,11 +245,15 @@ def train_step(run: Run) -> dict[str, float]:
     metrics.update(_update_learners(run, data, omega, step))
     run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)  # used from the next step on
     lap("train")
+    waited = run.source.stats.wait_s
     run.source.finish_in_flight()  # one_step_off: the next batch samples with the weights this step started from
     with run.source.engines_idle():  # between two generate calls of an overlapping producer
+        clock += run.source.stats.wait_s - waited  # that wait is rollout/wait_s, not time/sync_s
         metrics.update(_sync_engines(run, probe=prompts[0]))
         run.weights_version = step + 1
     lap("sync")
+    if "rollout/wait_s" in metrics:  # overlapping modes: the batch, the batch in flight, the call in flight
+        metrics["rollout/wait_s"] = run.source.stats.wait_s
     metrics.update(run.exchange.pop_metrics(""))  # per-step statistics
     metrics.update(timings)
     metrics["verifier/timeouts"] = float(run.verifier.stats["timeouts"])
@@ -291,10 +296,11 @@ def _resume(run: Run) -> bool:
 def _rollout_state(run: Run) -> dict[str, Any]:
     """The source's finished batches (behaviour log-probs filled in while the snapshots exist) and where
     its producer goes on: plain values for the checkpoint."""
+    pending, next_index = run.source.snapshot()  # one instant: a batch finishing meanwhile is regenerated
     records = [r if r.behaviour is not None or r.staleness(run.step) == 0 else with_behaviour(r, _behaviour(run, r))
-               for r in run.source.pending()]
+               for r in pending]
     run.source.replace_pending(records)
-    return {"records": [r.to_state() for r in records], "next_index": run.source.next_index()}
+    return {"records": [r.to_state() for r in records], "next_index": next_index}
 
 
 def _evaluates(exp: ExperimentConfig, step: int) -> bool:

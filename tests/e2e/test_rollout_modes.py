@@ -97,7 +97,7 @@ def test_async_drops_and_counts_batches_beyond_the_bound(tmp_path):
     """A batch queued while the weights moved on by more than K versions is not trained on. (The HF
     engines here compute in this process, so the producer fills its queue in the loop's thread: K + 1
     batches of the current weights, the oldest handed out.)"""
-    run, _ = run_with(mode_exp(tmp_path, "async", steps=1, max_staleness=1), steps=0)
+    run, _ = run_with(mode_exp(tmp_path, "async", steps=4, max_staleness=1), steps=0)  # batches 0-3 exist
     source = run.source
     first = source.next(0)
     assert first.index == 0 and [r.index for r in source.pending()] == [1]  # batch 1: version 0, queued
@@ -205,3 +205,21 @@ def test_one_step_off_generates_in_its_own_thread_and_resumes_exactly(tmp_path):
         for key in ("llama/hacpo/loss", "qwen3/hacpo/loss", "llama/hacpo/behaviour_weight_mean", "llama/reward_mean"):
             assert a[key] == b[key], key
     close(resumed)
+
+
+def test_the_wait_for_the_batch_in_flight_is_rollout_wait_not_sync(tmp_path):
+    """Rollout slower than training: the loop waits for the prefetched batch before the push; that
+    wait is ``rollout/wait_s`` and not part of ``time/sync_s``."""
+    exp = mode_exp(tmp_path, "one_step_off", steps=3)
+    run = loop.setup(exp)
+    run.verifier.close()
+    from hacrl_megatron.reward.pool import VerifierPool
+    from tests.e2e.test_trainer import parity_reward
+
+    run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    emulated(run, tokens_per_s=100.0)  # 4 prompts x 4 samples x 8 tokens: about 1.3 s per batch
+    history = [loop.train_step(run) for _ in range(3)]
+    close(run)
+    for m in history[:2]:  # steps that prefetch: the batch in flight outlasts training
+        assert m["rollout/wait_s"] > 0.3 and m["time/sync_s"] < m["rollout/wait_s"], m
+    assert history[2]["rollout/wait_s"] < 0.3  # the last step prefetches nothing, so waits for nothing
