@@ -211,6 +211,11 @@ def validate_vllm(cfg: ExperimentConfig) -> None:
         ids = agent_cfg.rollout_gpu_ids
         _rule(len(ids) % v.tp == 0, f"agents.{i}.rollout_gpu_ids", ids,
               f"needs one GPU per vLLM TP rank: a multiple of rollout.vllm.tp={v.tp} (one engine per group)")
+    ranks, cores = len(cfg.agents) * v.tp, os.cpu_count() or 1
+    # CPU servers (no rollout_gpu_ids): every TP rank of every agent's server is bound to a core of its own
+    _rule(v.tp == 1 or any(a.rollout_gpu_ids for a in cfg.agents) or ranks <= cores, "rollout.vllm.tp", v.tp,
+          f"on CPU gives each of the {ranks} server ranks ({len(cfg.agents)} agents x tp) a core of its own; this "
+          f"machine has {cores}: lower rollout.vllm.tp (1 fits any machine)")
 
 
 def validate_per_node_hosts(rollout: Any) -> None:

@@ -231,16 +231,24 @@ def server_flags(v: Any, *, colocate: bool, weight_sync: str, model_dtype: str =
 
 def server_env(v: Any, *, weight_sync: str, cpu_core: int | None = None) -> dict[str, str]:
     """Per-run environment of the servers: the CPU KV-cache size, unpickling of IPC handles for the
-    tensor transport (vLLM refuses pickled handles without it), and for a CPU server the core its worker
-    is bound to, ``cpu_core`` modulo the cores of this machine (unless ``$VLLM_CPU_OMP_THREADS_BIND`` is
-    set): vLLM's automatic binding puts every server's worker on the same first core, so the agents'
-    servers, which generate at the same time, would share one core and leave the others idle."""
+    tensor transport (vLLM refuses pickled handles without it), and for a CPU server the cores its
+    ``rollout.vllm.tp`` workers are bound to (unless ``$VLLM_CPU_OMP_THREADS_BIND`` is set): server
+    ``cpu_core`` gets cores ``cpu_core · tp + r`` for rank r (modulo the cores of this machine), one core
+    list per rank as vLLM requires (``"2|3"``). vLLM's automatic binding puts every server's worker on
+    the same first core, so the agents' servers, which generate at the same time, would share one core
+    and leave the others idle. ``hacrl config`` refuses a CPU run with fewer cores than ranks."""
     env = {"VLLM_CPU_KVCACHE_SPACE": str(v.cpu_kv_cache_gib)}
     if weight_sync == "tensor":
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     if cpu_core is not None and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = str(cpu_core % (os.cpu_count() or 1))
+        cores = os.cpu_count() or 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str((cpu_core * v.tp + r) % cores) for r in range(v.tp))
     return env
+
+
+def cpu_ranks_fit(ranks: int) -> bool:
+    """Whether ``ranks`` CPU server workers (every agent's ``rollout.vllm.tp`` ranks) each get a core here."""
+    return ranks <= (os.cpu_count() or 1)
 
 
 def check_cpu_head_size(agent_name: str, hf_config: Any) -> None:
