@@ -77,11 +77,13 @@ def _check_files(cfg) -> None:
 def _check_data_rows(cfg) -> None:
     """The data file parses and holds the held-out prompts the run evaluates on: the same reading as
     training start-up, so `hacrl config` refuses exactly what `hacrl train` would."""
+    from hacrl_megatron.data.formats import dataset_options
     from hacrl_megatron.data.tasks import BENCHMARKS, task_and_eval_set
 
     d = cfg.data
     if d.task in BENCHMARKS:  # a procedural task generates what it is asked for
-        task_and_eval_set(d.task, d.difficulty, d.seed, d.path, d.eval_size if cfg.train.eval_every else 0)
+        task_and_eval_set(d.task, d.difficulty, d.seed, d.path, d.eval_size if cfg.train.eval_every else 0,
+                          **dataset_options(d))
 
 
 def _cmd_config(args: argparse.Namespace) -> int:

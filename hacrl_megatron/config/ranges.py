@@ -144,6 +144,7 @@ NUMBERS: dict[str, Interval] = {
     "data.difficulty": _i(1, None, "the procedural knob (each task checks its own maximum)"),
     "data.eval_size": _i(0, 1_000_000, "evaluation prompts, generated and held in memory"),
     "data.eval_limit": _i(0, 1_000_000, "problems per benchmark (0: all), held in memory"),
+    "data.reward_range.*": _i(-1e9, 1e9, "the checker's reward bounds"),
     "data.seed": _i(0, SEED_MAX, "Python's and numpy's RNG seeds"),
     "checkpoint.every": _i(0, None, "steps (0: never)"),
     "checkpoint.keep": _i(1, None, "checkpoints"),

@@ -319,9 +319,17 @@ class DataConfig:
     """Training and evaluation prompts."""
 
     task: str = "addition"  # procedural: addition | addition_cot | arithmetic | countdown | linear; or a dataset name
-    path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file)
+    path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file, our layout or
+    # verl's: chat-list prompt, reward_model.ground_truth, data_source, extra_info; data/formats.py)
+    prompt_key: str | None = None  # custom files of another layout: the question's column (dotted: into a mapping)
+    answer_key: str | None = None  # ... and the reference answer's column (e.g. reward_model.ground_truth)
+    allow_test_split: bool = False  # a dataset task trains on its train split; true: a test split is accepted
+    # [low, high] of data.checker's reward, mapped onto [0, 1]; a response counts as solved for the capability
+    # tracker's positive rate (eq. 7-8) when its reward is above low (the reward of a wrong answer)
+    reward_range: list[float] = field(default_factory=lambda: [0.0, 1.0])
     checker: str | None = None  # a user's verifier replacing the built-in one for every reward:
-    # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in [0, 1]
+    # "package.module:function" or "path/to/file.py:function", f(response, reference) -> R in data.reward_range,
+    # or verl's compute_score(data_source, solution_str, ground_truth, extra_info=None) (told by its parameters)
     difficulty: int = 2  # procedural knob (digits / numbers)
     eval_size: int = 200
     # benchmarks evaluated every train.eval_every steps for every agent, logged as <agent>/eval/<name>/avg@k and
@@ -354,12 +362,6 @@ class LogConfig:
     wandb_project: str = "hacrl"
     progress: bool = True
     every: int = 1
-    # the step's generations in <output_dir>/samples/step-NNNNNN.jsonl (question, reference, every agent's
-    # completions with reward, length, advantages, cross ratios) on the first step, every samples_every steps
-    # and the last; a few also as TensorBoard text / a wandb table; 0: never. `hacrl samples RUN` prints them
-    samples_every: int = 10
-    samples_prompts: int = 4  # prompts per samples file (each with every agent's G completions)
-    samples_max_chars: int = 2000  # each completion's text is cut at this many characters
     # the step's generations in <output_dir>/samples/step-NNNNNN.jsonl (question, reference, every agent's
     # completions with reward, length, advantages, cross ratios) on the first step, every samples_every steps
     # and the last; a few also as TensorBoard text / a wandb table; 0: never. `hacrl samples RUN` prints them

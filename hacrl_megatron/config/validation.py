@@ -288,9 +288,19 @@ def validate_data_names(data: DataConfig) -> None:
     _rule(data.task in TASKS or data.task in BENCHMARKS, "data.task", data.task,
           f"must be a procedural task {list(TASKS)} or a dataset {list(BENCHMARKS)}")
     _rule(data.path is None or data.task in BENCHMARKS, "data.path", data.path,
-          f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural")
+          f"is only read by dataset tasks {list(BENCHMARKS)}; data.task={data.task!r} is procedural (a file of "
+          "your own, in our layout or verl's: data.task=custom)")
     _rule(data.path is None or data.path.strip() != "", "data.path", data.path, "must not be empty (omit it)")
     validate_eval_benchmarks(data)
+    for key in ("prompt_key", "answer_key"):
+        value = getattr(data, key)
+        _rule(value is None or data.task == "custom", f"data.{key}", value,
+              f"names a column of a custom file: only read with data.task=custom (data.task={data.task!r})")
+        _rule(value is None or 0 < len(value.strip()) <= 256, f"data.{key}", value, "must be a column name of 1 "
+              "to 256 characters (a dotted one reaches into a mapping: reward_model.ground_truth)")
+    low_high = data.reward_range
+    _rule(len(low_high) == 2 and all(math.isfinite(x) for x in low_high) and low_high[0] < low_high[1],
+          "data.reward_range", low_high, "must be [low, high], two finite numbers with low < high")
     if data.checker is not None:
         from hacrl_megatron.reward.custom import CheckerError, parse_checker_spec
 
@@ -322,7 +332,6 @@ def check_data_files(data: DataConfig) -> list[Path]:
     Raises ConfigError naming ``data.path`` (or ``$HACRL_DATA_DIR``) and where files were expected.
     """
     from hacrl_megatron.data import BENCHMARKS
-    from hacrl_megatron.data.benchmarks import resolve_data_files
     from hacrl_megatron.reward.custom import CheckerError, check_checker
 
     if data.checker is not None:  # the user's checker imports (in bounded time) and has the right signature
@@ -338,10 +347,15 @@ def check_data_files(data: DataConfig) -> list[Path]:
         _rule(problem is None, key, data.benchmark_paths.get(name, data.eval_benchmarks), problem or "")
     if data.task not in BENCHMARKS:
         return []
+    from hacrl_megatron.data.benchmarks import DataFileError
+    from hacrl_megatron.data.splits import training_split
+
     try:
-        return resolve_data_files(data.task, data.path)
+        return training_split(data.task, data.path, data.allow_test_split)[1]
     except FileNotFoundError as err:
         raise ConfigError(f"data.path={data.path!r}: {err}") from None
+    except DataFileError as err:  # a test split not allowed: the message names data.path
+        raise ConfigError(str(err)) from None
 
 
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from hacrl_megatron.data.formats import Columns, column_row, record_origin
 from hacrl_megatron.data.records import PromptRecord
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.reward.extract import last_boxed_answer
@@ -272,12 +273,14 @@ def _read_rows(files: list[Path]) -> list[tuple[dict, str]]:
     return rows
 
 
-def _record(name: str, split: str, i: int, row: dict, where: str) -> tuple[PromptRecord, str | None] | None:
+def _record(name: str, split: str, i: int, row: dict, where: str,
+            columns: Columns = (None, None)) -> tuple[PromptRecord, str | None] | None:
     """Row ``i`` of dataset ``name`` as (record, solution); None for a row without a question or an
     answer. DataFileError naming ``where`` and the column for a missing column or a value of the
-    wrong type (a list as the question, NaN as the answer, a mapping as the id)."""
+    wrong type (a list as the question, NaN as the answer, a mapping as the id). A custom row may be in
+    verl's layout or name its columns (``columns``: data.prompt_key, data.answer_key; data/formats.py)."""
     try:
-        question, answer, rid, solution = _NORMALISERS[name](row)
+        question, answer, rid, solution = _NORMALISERS[name](column_row(row, columns) if name == "custom" else row)
     except KeyError as exc:
         raise DataFileError(f"{where}: {name} row has no value in column {exc.args[0]} (missing or null); "
                             f"its columns are {sorted(row)}") from None
@@ -298,13 +301,16 @@ def _record(name: str, split: str, i: int, row: dict, where: str) -> tuple[Promp
     if not answer or not question.strip():
         return None
     rec_id = f"{name}-{rid}" if rid not in (None, "") else f"{name}-{split}-{i}"
-    return PromptRecord(rec_id, question, answer, name, "math"), solution
+    source, extra = record_origin(row, name) if name == "custom" else (name, "")
+    return PromptRecord(rec_id, question, answer, source, "math", extra), solution
 
 
 def load_benchmark_rows(
-    name: str, path: str | None = None, limit: int | None = None, split: str | None = None
+    name: str, path: str | None = None, limit: int | None = None, split: str | None = None,
+    columns: Columns = (None, None),
 ) -> list[tuple[PromptRecord, str | None]]:
-    """Records with their reference solution text (None when the dataset has none).
+    """Records with their reference solution text (None when the dataset has none); ``columns``: a
+    custom dataset's (data.prompt_key, data.answer_key).
 
     Rows without a question or a reference answer are skipped and reported (a warning with their
     count and first lines); a file where every row is skipped raises :class:`DataFileError`.
@@ -320,7 +326,7 @@ def load_benchmark_rows(
     for i, (row, where) in enumerate(rows):
         if limit is not None and len(out) >= limit:
             break
-        item = _record(name, split, i, row, where)
+        item = _record(name, split, i, row, where, columns)
         if item is None:
             skipped.append(where)
             continue

@@ -19,6 +19,8 @@ class PromptRecord:
         kind: how the verifier checks (``reward.verify.KINDS``): ``"math"`` — last ``\\boxed{}`` vs a
             LaTeX answer after MATH normalisation; ``"integer"`` — an integer answer;
             ``"countdown"`` — ``answer`` is ``"target|n1,n2,..."`` (``reward.countdown``).
+        extra: a verl row's ``extra_info`` as JSON text ("" for every other record), handed to a
+            verl-style ``data.checker`` with ``source`` as its ``data_source``.
     """
 
     id: str
@@ -26,9 +28,10 @@ class PromptRecord:
     answer: str
     source: str
     kind: str
+    extra: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("id", "question", "answer", "source", "kind"):
+        for name in ("id", "question", "answer", "source", "kind", "extra"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise TypeError(f"PromptRecord.{name} must be str, got {type(value).__name__}: {value!r}")

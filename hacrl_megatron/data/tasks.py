@@ -15,11 +15,13 @@ load a local file (``path`` or ``$HACRL_DATA_DIR``) and are wrapped in :class:`D
 from __future__ import annotations
 
 import random
-from typing import Protocol
+from typing import Any, Protocol
 
 from hacrl_megatron.data.benchmarks import BENCHMARKS, DataFileError, load_benchmark_rows
+from hacrl_megatron.data.formats import Columns
 from hacrl_megatron.data.procedural import TASKS, ProceduralTask
 from hacrl_megatron.data.records import PromptRecord
+from hacrl_megatron.data.splits import training_split
 from hacrl_megatron.reward.extract import last_boxed_answer
 from hacrl_megatron.reward.normalize import is_equiv
 
@@ -121,31 +123,36 @@ def make_task(
     *,
     path: str | None = None,
     eval_holdout: int | None = None,
+    columns: Columns = (None, None),
+    allow_test_split: bool = False,
 ) -> ProceduralTask | DatasetTask:
     """The task called ``name``: procedural (``TASKS``) or a local dataset (``BENCHMARKS``).
 
-    ``difficulty`` is the procedural knob (ignored for datasets); ``path`` and ``eval_holdout`` only
-    apply to datasets. Unknown names raise ValueError listing the valid ones.
+    ``difficulty`` is the procedural knob (ignored for datasets); ``path``, ``eval_holdout``, ``columns``
+    (a custom file's data.prompt_key, data.answer_key) and ``allow_test_split`` only apply to datasets,
+    which train on their train split (data/formats.py). Unknown names raise ValueError listing the valid ones.
     """
     if name in TASKS:
         return TASKS[name](difficulty, seed)
     if name in BENCHMARKS:
-        return DatasetTask(name, load_benchmark_rows(name, path), seed, eval_holdout)
+        split, _ = training_split(name, path, allow_test_split)
+        return DatasetTask(name, load_benchmark_rows(name, path, split=split, columns=columns), seed, eval_holdout)
     raise ValueError(
         f"unknown task {name!r}; procedural tasks: {', '.join(TASKS)}; datasets: {', '.join(BENCHMARKS)}"
     )
 
 
 def task_and_eval_set(
-    name: str, difficulty: int, seed: int, path: str | None, eval_size: int
+    name: str, difficulty: int, seed: int, path: str | None, eval_size: int, **options: Any
 ) -> tuple[ProceduralTask | DatasetTask, list[PromptRecord]]:
     """The task of ``data.*`` and its first ``eval_size`` held-out prompts (0 when the run does not
     evaluate), read the same way by ``hacrl config`` and at training start-up.
 
     A dataset holding fewer held-out rows than ``eval_size`` raises :class:`DataFileError` naming
     ``data.eval_size``, the dataset's size and how to proceed (a smaller size, or no evaluation).
+    ``options``: :func:`make_task`'s dataset options (``data.formats.dataset_options``).
     """
-    task = make_task(name, difficulty, seed, path=path)
+    task = make_task(name, difficulty, seed, path=path, **options)
     if isinstance(task, DatasetTask) and eval_size > task.held_out:
         raise DataFileError(f"data.eval_size={eval_size}: dataset {name!r} ({path}) has {task.size} usable rows, "
                             f"{task.held_out} of them held out for evaluation (a tenth, at most 200): set "

@@ -177,7 +177,7 @@ def _evaluate_benchmark(engine: RolloutEngine, tokenizer: Any, name: str, record
     completions = []
     for lo in range(0, len(prompts), settings.batch_prompts):
         completions.extend(engine.generate(prompts[lo: lo + settings.batch_prompts], params))
-    requests = [RewardRequest(kind=r.kind, response=c.text, reference=r.answer)
+    requests = [RewardRequest(kind=r.kind, response=c.text, reference=r.answer, source=r.source, extra=r.extra)
                 for r, group in zip(records, completions, strict=True) for c in group]
     scores = _score(verifier, requests)
     n = params.n

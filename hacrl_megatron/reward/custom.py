@@ -1,9 +1,17 @@
 """A user's own verifier, plugged in by configuration (``data.checker``, ``hacrl eval --checker``).
 
-A checker is a plain function ``checker(response: str, reference: str) -> float`` returning the
-reward R(y) ∈ [0, 1] of one response (the paper's verifiable reward; the capability tracker counts
-a response as solved when its reward is > 0, eq. 7). ``reference`` is the record's ``answer``
-field from the dataset file. It is named by a spec string:
+A checker is a plain function of one of two signatures, told apart by its parameter names:
+
+- ``checker(response: str, reference: str) -> float``: ``reference`` is the record's ``answer``;
+- verl's ``compute_score(data_source, solution_str, ground_truth, extra_info=None)`` returning a
+  number or a dict with a ``"score"``: ``data_source``, ``ground_truth`` and ``extra_info`` come
+  from the row of a verl-layout dataset (``data_source``, ``reward_model.ground_truth``,
+  ``extra_info``; ``data_source`` is ``"custom"`` and ``extra_info`` None for other rows).
+
+Its reward lies in ``data.reward_range`` [low, high] (default [0, 1]); it is mapped to
+(R − low) / (high − low) ∈ [0, 1] before anything uses it, so a response counts as solved for the
+capability tracker's positive rate (eq. 7-8: normalised reward > 0) exactly when its reward is above
+``low``: declare ``low`` as the reward of a wrong answer. It is named by a spec string:
 
 - ``"package.module:function"`` — an importable module (on ``sys.path`` / ``PYTHONPATH``);
 - ``"path/to/checker.py:function"`` — a Python file, relative to the current directory.
@@ -14,7 +22,7 @@ error naming ``data.checker``. That check imports the user's module in a child p
 :data:`IMPORT_TIMEOUT_S`, so a module that blocks at import stops the run with one line instead of
 hanging it; the controller itself never runs user code. The verifier's worker processes load the
 function from the same spec (:class:`CustomScorer` pickles the spec, never the function) while they
-start, and every call keeps the pool's guarantees: an exception or a value outside [0, 1] scores 0
+start, and every call keeps the pool's guarantees: an exception or a value outside the range scores 0
 and is counted, a hang is killed at the per-item timeout, and a checker that answers none of several
 responses in a row stops the run naming it (:class:`~hacrl_megatron.reward.pool.VerifierPool` runs
 user code in a worker process even when asked for none, so the timeout holds everywhere: warm-up,
@@ -27,6 +35,8 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
+import json
+import math
 import multiprocessing as mp
 import os
 import re
@@ -38,7 +48,8 @@ from pathlib import Path
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.reward.verify import RewardRequest
 
-Checker = Callable[[str, str], float]
+Checker = Callable[..., float]
+VERL_PARAMETERS = ("data_source", "solution_str", "ground_truth")  # verl's compute_score, in this order
 _MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 _loaded: dict[str, Checker] = {}  # spec -> function, per process (workers load once)
 _checked: set[str] = set()  # specs whose import was checked in a child process (by this process)
@@ -123,13 +134,40 @@ def load_checker(spec: str, field: str = "data.checker") -> Checker:
     if not callable(fn):
         raise CheckerError(f"{field}={spec!r}: {parsed.function!r} is a {type(fn).__name__}, not a function")
     try:
-        inspect.signature(fn).bind("response", "reference")
+        if is_verl_style(fn):
+            inspect.signature(fn).bind("source", "response", "reference", None)
+        else:
+            inspect.signature(fn).bind("response", "reference")
     except TypeError as err:
-        raise CheckerError(f"{field}={spec!r}: must accept two positional arguments (response, reference): {err}") from None
+        raise CheckerError(f"{field}={spec!r}: must accept two positional arguments (response, reference), or be "
+                           f"verl's compute_score(data_source, solution_str, ground_truth, extra_info=None): {err}") from None
     except ValueError:  # builtins without a signature: trust them
         pass
     _loaded[spec] = fn
     return fn
+
+
+def is_verl_style(fn: Callable) -> bool:
+    """Whether ``fn``'s first parameters are verl's ``(data_source, solution_str, ground_truth)``."""
+    try:
+        names = list(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return False
+    return tuple(names[:3]) == VERL_PARAMETERS
+
+
+def call_checker(fn: Callable, request: RewardRequest) -> float:
+    """The raw reward of ``fn`` (either signature, see the module) for ``request``; a verl dict's ``"score"``."""
+    if is_verl_style(fn):
+        extra = json.loads(request.extra) if request.extra else None
+        value = fn(request.source or "custom", request.response, request.reference, extra)
+    else:
+        value = fn(request.response, request.reference)
+    if isinstance(value, dict):  # verl reward functions may return {"score": ..., "acc": ..., ...}
+        if "score" not in value:
+            raise ValueError(f"the checker returned a dict without 'score' (keys {sorted(value)})")
+        value = value["score"]
+    return float(value)
 
 
 def _check_in_child(spec: str, field: str, conn) -> None:
@@ -193,11 +231,13 @@ class CustomScorer:
 
     spec: str
     field: str = "data.checker"
+    reward_range: tuple[float, float] = (0.0, 1.0)  # data.reward_range: [low, high] of the raw reward
 
     @classmethod
-    def from_spec(cls, spec: str, field: str = "data.checker") -> CustomScorer:
+    def from_spec(cls, spec: str, field: str = "data.checker",
+                  reward_range: tuple[float, float] = (0.0, 1.0)) -> CustomScorer:
         """Checked first (:func:`check_checker`, in a child process), so errors surface before any work."""
-        return cls(check_checker(spec, field), field)
+        return cls(check_checker(spec, field), field, (float(reward_range[0]), float(reward_range[1])))
 
     @property
     def user_code(self) -> str:
@@ -210,9 +250,16 @@ class CustomScorer:
         load_checker(self.spec, self.field)
 
     def __call__(self, request: RewardRequest, mode: str) -> float:
-        return float(load_checker(self.spec)(request.response, request.reference))
+        """The checker's reward mapped from ``reward_range`` onto [0, 1]; ValueError (the pool scores 0 and
+        counts an error) for a value that is not a finite number in the range."""
+        value = call_checker(load_checker(self.spec), request)
+        low, high = self.reward_range
+        if not (math.isfinite(value) and low <= value <= high):
+            raise ValueError(f"score {value!r} is outside data.reward_range [{low:g}, {high:g}]")
+        return (value - low) / (high - low)
 
 
-def custom_score_fn(spec: str | None, field: str = "data.checker") -> CustomScorer | None:
+def custom_score_fn(spec: str | None, field: str = "data.checker",
+                    reward_range: tuple[float, float] | list[float] = (0.0, 1.0)) -> CustomScorer | None:
     """The pool's ``score_fn`` for an optional spec: None keeps the built-in verifier."""
-    return None if spec is None else CustomScorer.from_spec(spec, field)
+    return None if spec is None else CustomScorer.from_spec(spec, field, tuple(reward_range))

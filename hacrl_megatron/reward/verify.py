@@ -43,16 +43,20 @@ class RewardRequest:
         response: the generated response text (decoded, special tokens skipped).
         reference: the record's ``answer`` field (a math answer, an integer, or a countdown
             ``"target|n1,n2,..."`` string).
+        source: the record's ``source`` (a verl row's ``data_source``), for a verl-style checker.
+        extra: the record's ``extra`` (a verl row's ``extra_info`` as JSON text, "" without), likewise.
     """
 
     kind: str
     response: str
     reference: str
+    source: str = ""
+    extra: str = ""
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"RewardRequest.kind={self.kind!r} is not one of {KINDS}")
-        for name in ("response", "reference"):
+        for name in ("response", "reference", "source", "extra"):
             value = getattr(self, name)
             if not isinstance(value, str):
                 raise TypeError(f"RewardRequest.{name} must be str, got {type(value).__name__}")

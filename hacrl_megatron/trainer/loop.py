@@ -16,15 +16,18 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.agents.ray_placement import TrainerNodeLost
 from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord, Task
 from hacrl_megatron.data.eval_sets import load_eval_benchmarks
+from hacrl_megatron.data.formats import dataset_options
 from hacrl_megatron.data.tasks import task_and_eval_set
 from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
@@ -39,7 +42,7 @@ from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
-from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
+from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples
 
@@ -74,7 +77,7 @@ def setup(exp: ExperimentConfig) -> Run:
     # data first: a missing, empty or malformed data file fails before any warm-up or model build
     d = exp.data  # no held-out prompts when the run never evaluates (train.eval_every=0)
     task, eval_records = task_and_eval_set(d.task, d.difficulty, d.seed, d.path,
-                                           d.eval_size if exp.train.eval_every else 0)
+                                           d.eval_size if exp.train.eval_every else 0, **dataset_options(d))
     benchmarks = load_eval_benchmarks(d.eval_benchmarks, d.benchmark_paths, d.eval_limit, d.difficulty, d.seed)
     configure_process(exp)
     exp = apply_warmup(exp)
@@ -92,7 +95,8 @@ def setup(exp: ExperimentConfig) -> Run:
         tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
                                     ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
         verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
-                                mode=exp.train.verifier_mode, score_fn=custom_score_fn(exp.data.checker))
+                                mode=exp.train.verifier_mode,
+                                score_fn=custom_score_fn(exp.data.checker, reward_range=exp.data.reward_range))
         built.insert(0, verifier.close)
         run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks)
         run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
@@ -107,13 +111,15 @@ def setup(exp: ExperimentConfig) -> Run:
 
 
 def _build_runtimes(exp: ExperimentConfig, total_updates: int) -> list[AgentRuntime]:
-    """Every agent's runtime, in config order (trainers placed in the plan's order). When one fails,
+    """Every agent's runtime, in config order (trainers placed in the plan's order; the engine servers of
+    all agents start together, rollout/servers.StartTogether). When one fails,
     those already built are closed (their engines stopped, their placement groups released) and the
     error that stopped setup is raised."""
     runtimes: list[AgentRuntime] = []
     try:
-        for i in range(len(exp.agents)):
-            runtimes.append(build_runtime(exp, i, total_updates))
+        with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
+            for i in range(len(exp.agents)):
+                runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)
         raise
@@ -362,6 +368,9 @@ def _train(exp: ExperimentConfig) -> Run:
             out.write(accuracy_table(run.history, exp))
         for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
             out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
+    except TrainerNodeLost as err:  # a trainer rank's node left the cluster: one line, and where to resume
+        failure = TrainerNodeLost(f"{err}; {resume_note(exp)}")
+        raise failure from err
     except BaseException as err:
         failure = err
         raise

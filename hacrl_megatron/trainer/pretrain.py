@@ -34,6 +34,7 @@ from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.config.schema import MOE_ARCHS, MOE_MODEL_FIELDS
 from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
 from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
+from hacrl_megatron.data.formats import dataset_options
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.evaluation import evaluate_agents
@@ -139,7 +140,8 @@ def warm_up_run(exp: ExperimentConfig, snapshots: list[tuple[int, Path]], verifi
 
 def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[AgentConfig, Path]],
              verifier: VerifierPool) -> dict[str, dict]:
-    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path)  # apart from RL
+    task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path,  # apart from RL
+                     **dataset_options(exp.data))
     # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
     eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
     pending = sorted(snapshots, key=lambda s: s[0].warmup_sft_target)
@@ -188,7 +190,7 @@ def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
     out: dict[str, Path] = {}
     # the built-in verifier scores in-process; a user's checker gets a worker and the run's timeout
     with VerifierPool(num_workers=0, timeout_s=exp.train.verifier_timeout_s, mode=exp.train.verifier_mode,
-                      score_fn=custom_score_fn(exp.data.checker)) as verifier:
+                      score_fn=custom_score_fn(exp.data.checker, reward_range=exp.data.reward_range)) as verifier:
         runs: dict[int, list[int]] = {}  # lead agent → the agents whose snapshots its warm-up run makes
         for i, agent in enumerate(exp.agents):
             if needs_warmup(exp, agent):

@@ -84,7 +84,7 @@ def verify(verifier: VerifierPool, prompts: list[PromptRecord], completions: dic
            step: int, max_response_len: int) -> StepData:
     """Score every response once with the shared verifier; the reward is shared by all learners."""
     names = list(completions)
-    requests = [RewardRequest(p.kind, c.text, p.answer)
+    requests = [RewardRequest(p.kind, c.text, p.answer, p.source, p.extra)
                 for name in names for p, group in zip(prompts, completions[name]) for c in group]
     scores = verifier.score(requests)
     g = len(completions[names[0]][0]) if prompts else 0

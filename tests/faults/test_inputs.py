@@ -145,7 +145,7 @@ def test_hacrl_config_rejects_an_unknown_task(capsys):
 
 def test_hacrl_config_rejects_a_missing_data_path_and_a_path_for_a_procedural_task(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
-    assert main(["config", "data.task=math500", f"data.path={missing}"]) == 2
+    assert main(["config", "data.task=math500", f"data.path={missing}", "data.allow_test_split=true"]) == 2
     assert f"data.path='{missing}': benchmark 'math500' (split 'test'): no data file found" in _err(capsys)
     assert main(["config", "data.task=addition", f"data.path={missing}"]) == 2
     assert "data.path=" in _err(capsys)
@@ -160,7 +160,8 @@ def test_training_reads_the_data_before_warm_up_or_model_build(tmp_path, capsys,
     for name in ("apply_warmup", "build_runtime", "configure_process"):
         monkeypatch.setattr(loop, name, never)
     bad = _jsonl(tmp_path / "test.jsonl", [json.dumps(MATH500_ROW), '{"problem": 1,'])
-    rc = main(["train", "--preset", "cpu_demo", "data.task=math500", f"data.path={bad}", "train.sft_warmup=true",
+    rc = main(["train", "--preset", "cpu_demo", "data.task=math500", f"data.path={bad}", "data.allow_test_split=true",
+               "train.sft_warmup=true",
                f"output_dir={tmp_path / 'run'}", "log.tensorboard=false", "log.progress=false"])
     assert rc == 2
     assert f"{bad}:2: not valid JSON" in _err(capsys)
@@ -168,5 +169,5 @@ def test_training_reads_the_data_before_warm_up_or_model_build(tmp_path, capsys,
 
 def test_dataset_task_with_good_data_still_loads(tmp_path):
     f = _jsonl(tmp_path / "test.jsonl", [json.dumps({**MATH500_ROW, "unique_id": f"id{i}"}) for i in range(12)])
-    task = make_task("math500", seed=3, path=str(f), eval_holdout=2)
+    task = make_task("math500", seed=3, path=str(f), eval_holdout=2, allow_test_split=True)
     assert len(task.eval_set(2)) == 2 and len(task.sample(10)) == 10

@@ -130,7 +130,9 @@ def test_dataset_task_sampling_eval_and_sft():
         assert score_request(RewardRequest(rec.kind, target, rec.answer)) == 1.0
     with pytest.raises(ValueError, match="exceeds the 1 held-out items"):
         task.eval_set(2)
-    gsm = make_task("gsm8k", path=str(FIXTURES / "gsm8k"), eval_holdout=0)
+    with pytest.raises(DataFileError, match="is a test split; a dataset task trains on its train split"):
+        make_task("gsm8k", path=str(FIXTURES / "gsm8k"), eval_holdout=0)  # the fixture holds the test split only
+    gsm = make_task("gsm8k", path=str(FIXTURES / "gsm8k"), eval_holdout=0, allow_test_split=True)
     rec = gsm.sample(1)[0]
     assert gsm.sft_target(rec).endswith(f"The final answer is \\boxed{{{rec.answer}}}.")
     assert "####" not in gsm.sft_target(rec)
