@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from hacrl_megatron.agents.ray_placement import TrainerNodeLost
 from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
@@ -27,7 +26,6 @@ from hacrl_megatron.data.tasks import task_and_eval_set
 from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
-from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
@@ -42,7 +40,7 @@ from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
-from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
+from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples
 
@@ -111,15 +109,13 @@ def setup(exp: ExperimentConfig) -> Run:
 
 
 def _build_runtimes(exp: ExperimentConfig, total_updates: int) -> list[AgentRuntime]:
-    """Every agent's runtime, in config order (trainers placed in the plan's order; the engine servers of
-    all agents start together, rollout/servers.StartTogether). When one fails,
+    """Every agent's runtime, in config order (trainers placed in the plan's order). When one fails,
     those already built are closed (their engines stopped, their placement groups released) and the
     error that stopped setup is raised."""
     runtimes: list[AgentRuntime] = []
     try:
-        with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
-            for i in range(len(exp.agents)):
-                runtimes.append(build_runtime(exp, i, total_updates))
+        for i in range(len(exp.agents)):
+            runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)
         raise
@@ -368,9 +364,6 @@ def _train(exp: ExperimentConfig) -> Run:
             out.write(accuracy_table(run.history, exp))
         for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
             out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
-    except TrainerNodeLost as err:  # a trainer rank's node left the cluster: one line, and where to resume
-        failure = TrainerNodeLost(f"{err}; {resume_note(exp)}")
-        raise failure from err
     except BaseException as err:
         failure = err
         raise
