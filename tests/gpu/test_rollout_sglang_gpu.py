@@ -1,7 +1,7 @@
 """A real SGLang server with SmolLM2-135M-Instruct: generation, group sampling, and every weight
 transport (GPU + sglang only).
 
-Skipped on CPU machines (SGLang's kernels need CUDA, docs/measured.md §3). The server runs with
+Skipped on CPU machines (CUDA IPC and NCCL need GPUs; the CPU server is tests/conformance/'s). The server runs with
 ``$HACRL_SGLANG_PYTHON`` when set (SGLang in its own virtual environment), else this Python. Run
 on a GPU node with ``pytest -m gpu tests/gpu/test_rollout_sglang_gpu.py``. What only this test can
 confirm: SGLang accepts our payloads (not just their field names), the UUID-carrying CUDA IPC

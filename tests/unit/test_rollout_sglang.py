@@ -3,8 +3,8 @@ SGLang release whose request contract is in tests/fixtures/sglang_contract/.
 
 The stand-in validates each payload against that release's request classes (an unknown or
 mistyped field is an HTTP 400 naming it), models SGLang's seeded sampling, and is backed by a
-real tiny HF model, so the client's results can be compared with HFEngine's. A real SGLang server
-cannot run here (its kernels need CUDA): tests/gpu/test_rollout_sglang_gpu.py covers that.
+real tiny HF model, so the client's results can be compared with HFEngine's. The real SGLang server
+runs on CPU too (tests/conformance/, CI's SGLang step) and on GPU (tests/gpu/test_rollout_sglang_gpu.py).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """SGLangServer process management, with a stand-in server process (no GPU, no sglang here).
 
-The stand-in is a small Python HTTP server answering /health, launched through ``command=`` —
-the real ``python -m sglang.launch_server`` needs CUDA kernels (docs/measured.md §3).
+The stand-in is a small Python HTTP server answering /health, launched through ``command=`` (in
+milliseconds; the real ``python -m sglang.launch_server`` on CPU takes minutes to start: it runs in
+tests/conformance/ and tests/e2e/test_rollout_sglang.py, CI's SGLang step).
 """
 
 from __future__ import annotations
