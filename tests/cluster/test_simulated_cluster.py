@@ -1,8 +1,10 @@
 """Many hosts on one machine: a Ray cluster whose nodes each have their own loopback address.
 
-Ray's ``cluster_utils.Cluster`` starts a head node on 127.0.0.2 (the controller's, no GPUs) and three
-"GPU nodes" on 127.0.0.3-5 (two fake GPU resources each; torch sees no CUDA there, so ranks use
-gloo and servers compute on CPU). Every server binds its own node's address: the SGLang stand-in
+Ray's ``cluster_utils.Cluster`` starts a job laid out like the Slurm script's: a head node on
+127.0.0.2 (the controller's; like every node of a launched job it offers its GPUs) and three more
+nodes on 127.0.0.3-5, two fake GPU resources each (torch sees no CUDA there, so ranks use gloo and
+servers compute on CPU); node k carries the script's ``hacrl_node_<k>`` resource and
+``$HACRL_GPUS_PER_NODE`` is 2, so trainers and engines go where the plan puts them. Every server binds its own node's address: the SGLang stand-in
 servers (tests/fixtures/fake_sglang_server.py, the real request contract, an HF model behind it)
 are owned by Ray actors on GPU nodes (``rollout.sglang.placement: ray``), and the weight-update
 group's store and gloo sockets listen on the trainer's node address; a client that used 127.0.0.1
@@ -26,6 +28,7 @@ it listens on the network); only addresses that cross nodes are node addresses.
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 import sys
 from pathlib import Path
@@ -44,29 +47,55 @@ HEAD, GPU_NODES = "127.0.0.2", ("127.0.0.3", "127.0.0.4", "127.0.0.5")
 FAKE_SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_server.py"
 
 
+def node_resources(k: int) -> dict[str, float]:
+    """Node k's Ray resources as the Slurm script sets them: its own ``RAY_ARGS`` line run by bash
+    with ``SLURM_NODEID``'s value, the ``--resources=`` JSON read back."""
+    import json
+    import subprocess
+
+    from hacrl_megatron.launch.slurm_ray import ray_cluster_script
+
+    line = next(x for x in ray_cluster_script(["true"]).splitlines() if x.startswith("RAY_ARGS=("))
+    out = subprocess.run(["bash", "-c", f'NODEID={k}\n{line}\nprintf "%s\\n" "${{RAY_ARGS[@]}}"'],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    return json.loads(next(a for a in out if a.startswith("--resources=")).split("=", 1)[1])
+
+
 @pytest.fixture(scope="module")
 def cluster():
     from ray.cluster_utils import Cluster
 
-    # each node carries hacrl_node_<index> as `hacrl launch` nodes do (launch/slurm_ray.py): head 0, GPU nodes 1-3
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0, "node_ip_address": HEAD,
-                                                      "resources": {"hacrl_node_0": 1000}})
+    from tests.cluster.conftest import node_wait_s
+
+    previous = os.environ.get("HACRL_GPUS_PER_NODE")
+    os.environ["HACRL_GPUS_PER_NODE"] = "2"  # exported by the Slurm script
+    # like a launched job: the head (node 0) offers its GPUs too; node k carries hacrl_node_<k>
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2, "num_gpus": 2, "node_ip_address": HEAD,
+                                                      "resources": node_resources(0)})
     for k, ip in enumerate(GPU_NODES, start=1):
-        c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip, resources={f"hacrl_node_{k}": 1000})
-    c.wait_for_nodes()
+        c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip, resources=node_resources(k))
+    c.wait_for_nodes(timeout=node_wait_s())
     ray.init(address=c.address, log_to_driver=False)
-    yield c
-    ray.shutdown()
-    c.shutdown()
+    try:
+        yield c
+    finally:
+        ray.shutdown()
+        c.shutdown()
+        if previous is None:
+            os.environ.pop("HACRL_GPUS_PER_NODE", None)
+        else:
+            os.environ["HACRL_GPUS_PER_NODE"] = previous
 
 
 def cluster_exp(tmp_path: Path, steps: int = 2):
+    """HF trainers on the controller; two TP1 engines per agent on job-wide GPUs (node · 2 + local):
+    llama on nodes 1 and 2, qwen3 on nodes 3 and 1."""
     exp = tiny_exp(tmp_path, steps=steps)
     command = [sys.executable, str(FAKE_SERVER), "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}",
                "--enable-deterministic-inference"]
     rollout = dataclasses.replace(exp.rollout, engine="sglang", weight_sync="disk",
                                   sglang=dataclasses.replace(exp.rollout.sglang, placement="ray", command=command))
-    agents = [dataclasses.replace(a, rollout_gpu_ids=[0, 1]) for a in exp.agents]  # two TP1 engines per agent
+    agents = [dataclasses.replace(a, rollout_gpu_ids=ids) for a, ids in zip(exp.agents, ([2, 4], [6, 3]))]
     return validate(dataclasses.replace(exp, rollout=rollout, agents=agents))
 
 
@@ -111,8 +140,9 @@ def test_two_agents_train_with_engines_on_other_nodes(cluster, tmp_path):
 
 
 def megatron_cluster_exp(tmp_path: Path, steps: int = 2):
-    """Two Megatron agents, TP = 2 each (a Ray world of two ranks filling one 2-GPU node), one TP1
-    engine each (``rollout_gpu_ids=[0]``), distributed weight sync; llama starts from an HF folder."""
+    """Two Megatron agents, TP = 2 each (a Ray world of two ranks filling one 2-GPU node: the plan puts
+    llama on node 1, qwen3 on node 2), one TP1 engine each on node 3 (``rollout_gpu_ids`` 6 and 7),
+    distributed weight sync; llama starts from an HF folder."""
     from hacrl_megatron.exchange.tokenizers import load_tokenizer
     from hacrl_megatron.trainer.runtime import load_hf_model
 
@@ -126,8 +156,8 @@ def megatron_cluster_exp(tmp_path: Path, steps: int = 2):
                "--enable-deterministic-inference"]
     rollout = dataclasses.replace(exp.rollout, engine="sglang", weight_sync="distributed",
                                   sglang=dataclasses.replace(exp.rollout.sglang, placement="ray", command=command))
-    agents = [dataclasses.replace(a, workers="ray", rollout_gpu_ids=[0],
-                                  parallel=dataclasses.replace(a.parallel, tp=2)) for a in exp.agents]
+    agents = [dataclasses.replace(a, workers="ray", rollout_gpu_ids=[gpu],
+                                  parallel=dataclasses.replace(a.parallel, tp=2)) for a, gpu in zip(exp.agents, (6, 7))]
     agents[0] = dataclasses.replace(agents[0], model=dataclasses.replace(agents[0].model, hf_path=str(folder)))
     return validate(dataclasses.replace(exp, rollout=rollout, agents=agents)), folder
 
@@ -200,3 +230,70 @@ def test_engines_go_to_the_nodes_the_planner_chose(cluster, tmp_path, monkeypatc
     finally:
         for c in started.clients:
             c.close()
+
+
+def planned_job_exp(tmp_path: Path, steps: int = 2):
+    """The plan on this 4 × 2-GPU job (launch/placement.node_plan): llama's trainer (1 rank) on node 1
+    GPU 0; qwen3's (TP2) on node 1 GPU 1 and node 2 GPU 0, a TP group over two nodes; one TP2 engine
+    each, llama's on node 0 (GPUs 0-1, the controller's node), qwen3's on node 3 (GPUs 6-7);
+    distributed weight sync into both TP2 engines (one group member per engine rank)."""
+    exp = tiny_exp(tmp_path, backend="megatron", steps=steps)
+    command = [sys.executable, str(FAKE_SERVER), "--model-path", "{model_path}", "--host", "{host}", "--port", "{port}",
+               "--enable-deterministic-inference", "--tp-size", "2"]
+    rollout = dataclasses.replace(exp.rollout, engine="sglang", weight_sync="distributed",
+                                  sglang=dataclasses.replace(exp.rollout.sglang, placement="ray", command=command, tp=2))
+    agents = [dataclasses.replace(a, workers="ray", rollout_gpu_ids=ids, parallel=dataclasses.replace(a.parallel, tp=tp))
+              for a, tp, ids in zip(exp.agents, (1, 2), ([0, 1], [6, 7]))]
+    return validate(dataclasses.replace(exp, rollout=rollout, agents=agents))
+
+
+NODE_IP = {0: HEAD, **{k: ip for k, ip in enumerate(GPU_NODES, start=1)}}
+
+
+@pytest.mark.timeout(1800)  # three Megatron ranks and two servers start on 2 cores
+def test_slurm_like_job_places_trainers_and_engines_as_planned(cluster, tmp_path):
+    from hacrl_megatron.launch.placement import node_plan
+
+    exp = planned_job_exp(tmp_path)
+    plan = node_plan(exp, 4, 2)
+    assert [a.spans for a in plan.agents] == [((1, 0, 1),), ((1, 1, 1), (2, 0, 1))]
+    run, history = run_with(exp)
+    try:
+        for rt, planned in zip(run.runtimes, plan.agents):
+            ranks = [NODE_IP[node] for node, _, count in planned.spans for _ in range(count)]
+            assert [r["ip"] for r in rt.trainer.placement] == ranks, rt.name  # per rank, in rank order
+            engines = [NODE_IP[e.node] for e in planned.engines]
+            assert [urlparse(slot.engine.base_url).hostname for slot in rt.engine.slots] == engines, rt.name
+            assert all(slot.engine.tp_size == 2 for slot in rt.engine.slots)
+        assert [r["ip"] for r in run.runtimes[1].trainer.placement] == ["127.0.0.3", "127.0.0.4"]  # TP2 over 2 nodes
+        for metrics in history:  # broadcast into both ranks of each TP2 engine, checked every step
+            for name in ("llama", "qwen3"):
+                assert metrics[f"{name}/sync_logp_diff"] < 1e-4, metrics[f"{name}/sync_logp_diff"]
+                assert metrics[f"{name}/rollout_tokens_total"] > 0
+    finally:
+        for rt in run.runtimes:
+            rt.close()
+
+
+def test_unsatisfiable_planned_placement_fails_in_one_line_and_leaves_nothing(cluster, tmp_path, monkeypatch):
+    """A group holding node 3's GPUs: engines planned there fail within the bounded wait, naming the
+    agent, the node and the group that holds it; nothing of theirs stays placed."""
+    from ray.util.placement_group import placement_group
+
+    from hacrl_megatron.exchange.tokenizers import load_tokenizer
+    from hacrl_megatron.rollout.sglang_server import start_engines
+    from hacrl_megatron.trainer.runtime import load_hf_model
+
+    monkeypatch.setenv("HACRL_PLACEMENT_TIMEOUT_S", "5")
+    blocker = placement_group([{"GPU": 2.0, "hacrl_node_3": 1.0}], strategy="STRICT_PACK", name="blocker")
+    assert blocker.wait(timeout_seconds=60)
+    exp = cluster_exp(tmp_path)
+    cfg = dataclasses.replace(exp.agents[0], rollout_gpu_ids=[6])  # node 3
+    tok = load_tokenizer(cfg.tokenizer)
+    try:
+        with pytest.raises(RuntimeError) as err:
+            start_engines(exp, cfg, load_hf_model(cfg, len(tok), seed=0), tok, tmp_path / "engines")
+        assert str(err.value) == ("agent 'llama': engines planned on node 3 not placed within 5 s: node 3 (127.0.0.5): "
+                                  "0 of 2 GPUs free, held by blocker (2 GPUs)")
+    finally:
+        ray.util.remove_placement_group(blocker)
