@@ -128,6 +128,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
     _check_files(cfg)  # before any import of torch, warm-up or model build
     log_to_console()
+    from hacrl_megatron.agents.ray_placement import TrainerNodeLost
     from hacrl_megatron.trainer.guards import NonFiniteError
 
     try:
@@ -142,6 +143,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 143
     except NonFiniteError as err:  # the diverged step wrote no checkpoint: name the newest one
         print(f"hacrl: {err}; {resume_note(cfg)}", file=sys.stderr)
+        return 1
+    except TrainerNodeLost as err:  # a trainer rank's node left the cluster; the message names the last checkpoint
+        print(f"hacrl: {str(err).splitlines()[0]}", file=sys.stderr)
         return 1
     return 0
 

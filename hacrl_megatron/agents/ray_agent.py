@@ -41,7 +41,9 @@ import torch
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.ray_placement import (
     RayAgentError,
+    TrainerNodeLost,
     ensure_ray,
+    node_left,
     rank_bundle,
     rank_envs,
     rank_order,
@@ -60,7 +62,8 @@ from hacrl_megatron.agents.ray_worker import (
 from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.ray_nodes import placement_timeout
 
-__all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "RayExport", "build_ray_agent"]
+__all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "RayExport", "TrainerNodeLost",
+           "build_ray_agent"]
 
 DEFAULT_BUCKET_BYTES = 1 << 30  # ~1 GB of exported weights per object-store round trip
 R = TypeVar("R")
@@ -214,6 +217,10 @@ class RayAgent:
                 raise cause from None
             except (RayActorError, GetTimeoutError) as err:
                 self._teardown(f"rank {rank} died during {what}")
+                ip = self.placement[rank]["ip"] if rank < len(getattr(self, "placement", [])) else None
+                if ip is not None and node_left(ray, ip):
+                    raise TrainerNodeLost(f"agent {self.name!r}: node {ip} (rank {rank} of {len(refs)}) left the Ray "
+                                          f"cluster during {what}; the agent's workers were shut down") from err
                 raise RayAgentError(f"agent {self.name!r}: worker of rank {rank}/{len(refs)} died during {what} "
                                     f"({type(err).__name__}: {err}); the agent's workers were shut down") from err
         return results

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.config import AgentConfig
-from hacrl_megatron.models.parallel import LOOPBACK
+from hacrl_megatron.models.parallel import LOOPBACK, cuda_rank_env
 from hacrl_megatron.ray_nodes import NODE_RESOURCE, describe_node, job_nodes
 
 logger = logging.getLogger(__name__)
@@ -28,6 +28,19 @@ INSTALL_HINT = "pip install ray  (or the package's launch extra: pip install 'ha
 
 class RayAgentError(RuntimeError):
     """The agent's Ray world cannot be placed, or one of its ranks failed (message names agent and rank)."""
+
+
+class TrainerNodeLost(RayAgentError):
+    """A node holding some of the agent's ranks left the cluster: the run stops (its Megatron world
+    cannot continue without the rank) and resumes from its last checkpoint (message names agent and node)."""
+
+
+def node_left(ray: Any, ip: str) -> bool:
+    """No live Ray node has address ``ip`` any more (False when the cluster cannot be asked)."""
+    try:
+        return not any(n.get("Alive") and n.get("NodeManagerAddress") == ip for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - no answer is no evidence of a lost node
+        return False
 
 
 def require_ray() -> Any:
@@ -164,13 +177,16 @@ def spawn_actors(actor_cls: Any, pg: Any, bundle: dict[str, float], world: int, 
     """One ``actor_cls`` actor per bundle of ``pg`` (``world`` bundles), in bundle order.
 
     Actors import hacrl_megatron from where this process does (an uninstalled checkout works
-    too); ``env_vars`` are added to every actor's environment (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME).
+    too); ``env_vars`` are added to every actor's environment (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME),
+    after the Megatron rank defaults of GPU bundles (``CUDA_DEVICE_MAX_CONNECTIONS=1`` unless this
+    process or ``env_vars`` set another value: ``models.parallel.CUDA_RANK_ENV``).
     """
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
-    runtime_env = {"env_vars": {"PYTHONPATH": path, **env_vars}}
+    rank_env = cuda_rank_env() if bundle.get("GPU", 0) else {}
+    runtime_env = {"env_vars": {"PYTHONPATH": path, **rank_env, **env_vars}}
     return [
         actor_cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
                           scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -28,6 +28,7 @@ from hacrl_megatron.ray_nodes import (  # noqa: F401  (re-exported: the names en
     gpus_per_node,
     placement_timeout,
 )
+from hacrl_megatron.rollout.protocol import EngineNodeLost
 
 logger = logging.getLogger(__name__)
 
@@ -163,11 +164,12 @@ class RemoteServer:
     """
 
     def __init__(self, actor: Any, base_url: str, tp_size: int, group: _Group | None = None,
-                 respawn: Any = None) -> None:
+                 respawn: Any = None, node_id: str | None = None) -> None:
         self.actor = actor
         self.base_url = base_url
         self.tp_size = tp_size
         self.restarts = 0
+        self.node_id = node_id  # the Ray node the server was started on (None: unknown)
         self._group = group
         self._respawn = respawn  # () -> a new ServerActor on this server's bundle (None: cannot)
 
@@ -195,16 +197,33 @@ class RemoteServer:
         except ray.exceptions.RayError:
             return False
 
+    def node_gone(self) -> bool:
+        """The Ray node the server was started on has left the cluster (False while unknown)."""
+        import ray
+
+        if self.node_id is None:
+            return False
+        try:
+            return not any(n.get("NodeID") == self.node_id and n.get("Alive") for n in ray.nodes())
+        except Exception:  # noqa: BLE001 - no answer from the cluster is no evidence of a lost node
+            return False
+
     def restart(self, timeout: float = 900.0) -> str:
         """Start the server again, on the same node and port: through its actor, or, when the actor is
-        gone, through a new actor on the same bundle."""
-        import ray
+        gone, through a new actor on the same bundle. Raises :class:`EngineNodeLost` at once when the
+        node itself is gone: a bundle of an unpinned group would move to another node and its server
+        come back at another address, one of a planned group waits for a node that may not return;
+        either way the engine is retired rather than reloaded (rollout/engine_pool.py)."""
 
         if self.actor_alive():
             url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+        elif self.node_gone():
+            host = urllib.parse.urlparse(self.base_url).hostname
+            raise EngineNodeLost(f"its node {host} (Ray node {self.node_id[:12]}) left the cluster")
         elif self._respawn is not None:
-            ray.kill(self.actor)  # a hung actor, if any, gives its bundle back first
+            kill_actor_quietly(self.actor)  # a hung actor, if any, gives its bundle back first
             self.actor = self._respawn()
+            self._wait_placed()
             url = self._call("start", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
         else:
             raise RuntimeError(f"engine at {self.base_url}: its actor is gone and no bundle is known to place a new one")
@@ -212,6 +231,30 @@ class RemoteServer:
             raise RuntimeError(f"engine actor restarted its server at {url}, expected {self.base_url}")
         self.restarts += 1
         return url
+
+    def _wait_placed(self) -> None:
+        """Wait until the replacement actor runs on its bundle (at most ``$HACRL_PLACEMENT_TIMEOUT_S``);
+        its node found gone meanwhile (the cluster notices a dead node within seconds) raises
+        :class:`EngineNodeLost` instead of waiting for a bundle that cannot be placed."""
+        import time
+
+        import ray
+
+        deadline = time.monotonic() + placement_timeout()
+        while True:
+            try:
+                ray.get(self.actor.base_url.remote(), timeout=2.0)
+                return
+            except ray.exceptions.GetTimeoutError:
+                pass
+            if self.node_gone():
+                kill_actor_quietly(self.actor)
+                host = urllib.parse.urlparse(self.base_url).hostname
+                raise EngineNodeLost(f"its node {host} (Ray node {self.node_id[:12]}) left the cluster")
+            if time.monotonic() > deadline:
+                kill_actor_quietly(self.actor)
+                raise RuntimeError(f"engine at {self.base_url}: its replacement actor was not placed on its bundle "
+                                   f"within {placement_timeout():g} s")
 
     def stop(self) -> None:
         """Stop the server, kill its actor and give its bundle back (idempotent). A close path: any Ray
@@ -353,10 +396,18 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
             kill_actor_quietly(a)
         remove_group_quietly(ray, group)
         raise
+    try:
+        where = ray.get([a.node.remote() for a in actors], timeout=ACTOR_CALL_TIMEOUT_S)
+    except BaseException:
+        for a in actors:
+            kill_actor_quietly(a)
+        remove_group_quietly(ray, group)
+        raise
     shared = _Group(group, len(actors))
 
     def respawner(index: int, url: str) -> Any:  # a replacement actor serves on the same port
         kwargs = {**server_kwargs[index], "port": urllib.parse.urlparse(url).port}
         return lambda: place(index, kwargs)
 
-    return [RemoteServer(a, url, tp, shared, respawner(i, url)) for i, (a, url) in enumerate(zip(actors, urls))]
+    return [RemoteServer(a, url, tp, shared, respawner(i, url), node_id=w["node_id"])
+            for i, (a, url, w) in enumerate(zip(actors, urls, where))]

@@ -40,6 +40,7 @@ from typing import TYPE_CHECKING, Any
 from hacrl_megatron.rollout.protocol import (
     EngineClient,
     EngineError,
+    EngineNodeLost,
     EngineUnreachable,
     WeightTransport,
     check_reachable,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 READY, STALE, DEAD = "ready", "stale", "dead"  # stale: restarted, still on its initial weights
+RETIRED = "retired"  # its node left the cluster: never restarted, never synced, its bundle share released
 MAX_FAULT_RESTARTS = 2  # restarts in a row of a server that answers 5xx before it is left down
 Export = Callable[[], Iterable[tuple[str, "torch.Tensor"]]]
 
@@ -185,7 +187,8 @@ class EnginePool:
 
     def _start_recovery(self, slot: _Slot) -> None:
         with self._lock:
-            if slot.state == DEAD and slot.recovery is not None and slot.recovery.is_alive():
+            if slot.state == RETIRED or (slot.state == DEAD and slot.recovery is not None
+                                         and slot.recovery.is_alive()):
                 return
             slot.state = DEAD
             slot.recovery = threading.Thread(target=self._recover, args=(slot,), daemon=True,
@@ -218,8 +221,23 @@ class EnginePool:
             slot.engine.restart()
             restored = self.weight_version == 0 or self.transport.restore(slot.engine, self.weight_version)
             slot.state, slot.error = (READY if restored else STALE), None
+        except EngineNodeLost as e:
+            self._retire(slot, e)
         except Exception as e:  # noqa: BLE001  (kept and reported when no engine is left)
             slot.state, slot.error = DEAD, e
+
+    def _retire(self, slot: _Slot, err: EngineNodeLost) -> None:
+        """``slot``'s node is gone: one warning, and the engine leaves the pool for good (no restart
+        elsewhere, no reload at every sync); its client is closed so its placement is given back."""
+        with self._lock:
+            slot.state, slot.error = RETIRED, err
+        left = sum(s.state != RETIRED for s in self.slots)
+        logger.warning("agent %r, %s: retired from the pool, %s; %d engine(s) go on", self.name, slot.engine.name,
+                       err, left)
+        try:
+            slot.engine.close()
+        except Exception as close_err:  # noqa: BLE001 - the node is gone; what is left of it may not answer
+            logger.debug("agent %r, %s: closing the retired engine: %s", self.name, slot.engine.name, close_err)
 
     def _resync_stale(self) -> None:
         """Push the trainer's current weights (the last ``sync_from`` export) into restarted servers."""

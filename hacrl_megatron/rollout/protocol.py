@@ -52,6 +52,11 @@ class EngineUnreachable(EngineError):
     """No connection to the engine (refused, reset): it is down or still starting."""
 
 
+class EngineNodeLost(EngineError):
+    """The node an engine's server ran on left the cluster: the engine cannot be restarted where it
+    was placed, so the pool retires it (rollout/engine_pool.py) instead of reloading it elsewhere."""
+
+
 @runtime_checkable
 class EngineClient(Protocol):
     """One rollout engine as the pool drives it (a server's client, or a model in this process)."""

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.agents.ray_placement import TrainerNodeLost
 from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
@@ -40,7 +41,7 @@ from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
-from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder
+from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples
 
@@ -364,6 +365,9 @@ def _train(exp: ExperimentConfig) -> Run:
             out.write(accuracy_table(run.history, exp))
         for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
             out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
+    except TrainerNodeLost as err:  # a trainer rank's node left the cluster: one line, and where to resume
+        failure = TrainerNodeLost(f"{err}; {resume_note(exp)}")
+        raise failure from err
     except BaseException as err:
         failure = err
         raise
