@@ -41,8 +41,11 @@ def _packager(run: Any, kind: str) -> Any:
 
 
 def _env(env_vars: dict[str, str] | None) -> dict[str, str]:
-    # unbuffered output so `nemo experiment logs` and Slurm logs show progress as it happens
-    return {"PYTHONUNBUFFERED": "1", **(env_vars or {})}
+    # unbuffered output so `nemo experiment logs` and Slurm logs show progress as it happens; the
+    # Megatron rank defaults (CUDA_DEVICE_MAX_CONNECTIONS=1) for local and container runs as for Slurm's
+    from hacrl_megatron.models.parallel import cuda_rank_env
+
+    return {"PYTHONUNBUFFERED": "1", **cuda_rank_env(), **(env_vars or {})}
 
 
 def local_executor(*, env_vars: dict[str, str] | None = None, **extra: Any) -> Any:

@@ -98,8 +98,12 @@ def hf_moe_config(model: Any, kwargs: dict[str, Any]) -> Any:
     return cfg
 
 
-def moe_transformer_kwargs(spec: Any, ep: int, etp: int, settings: MoESettings | None) -> dict[str, Any]:
-    """``TransformerConfig`` fields of an MoE ``spec`` at expert layout ``ep`` × ``etp`` ({} for dense)."""
+def moe_transformer_kwargs(spec: Any, ep: int, etp: int, settings: MoESettings | None,
+                           grouped_gemm: bool = False) -> dict[str, Any]:
+    """``TransformerConfig`` fields of an MoE ``spec`` at expert layout ``ep`` × ``etp`` ({} for dense).
+
+    ``grouped_gemm``: the experts run as one grouped GEMM, the same value the layer spec was built
+    with (``provider.moe_grouped_gemm``: Transformer Engine's ``TEGroupedMLP``)."""
     if not spec.num_experts:
         return {}
     s = settings or MoESettings()
@@ -114,7 +118,7 @@ def moe_transformer_kwargs(spec: Any, ep: int, etp: int, settings: MoESettings |
         moe_aux_loss_coeff=s.aux_loss_coeff,
         moe_z_loss_coeff=s.z_loss_coeff or None,  # None skips the z-loss computation altogether
         moe_expert_capacity_factor=None,  # no capacity, no token dropping: route like inference
-        moe_grouped_gemm=False,
+        moe_grouped_gemm=grouped_gemm,
         moe_permute_fusion=False,
         moe_router_fusion=False,
         moe_shared_expert_intermediate_size=spec.shared_expert_ffn_hidden_size or None,

@@ -26,6 +26,7 @@ import contextlib
 import glob
 import ipaddress
 import json
+import logging
 import os
 import shutil
 import socket
@@ -33,7 +34,7 @@ import sys
 import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -67,7 +68,28 @@ class ParallelInfo:
     ep_rank: int = 0
 
 
+logger = logging.getLogger(__name__)
 INIT_FILE_ENV = "HACRL_DIST_INIT_FILE"
+# Environment of every Megatron rank on CUDA (the Slurm script, Ray workers, init_parallel): one CUDA
+# work queue per device, so kernels run in issue order and Megatron's TP/SP communication overlaps
+# compute as it schedules it. The CUDA driver reads it when the process creates its context.
+CUDA_RANK_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+
+
+def cuda_rank_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """:data:`CUDA_RANK_ENV` with the values ``environ`` (default ``os.environ``) already sets kept."""
+    environ = os.environ if environ is None else environ
+    return {key: environ.get(key, value) for key, value in CUDA_RANK_ENV.items()}
+
+
+def export_cuda_rank_env() -> None:
+    """Set :data:`CUDA_RANK_ENV` in this process where unset, before its CUDA context exists; when the
+    context already exists (CUDA used before the first agent was built) say that it comes too late."""
+    missing = {k: v for k, v in CUDA_RANK_ENV.items() if k not in os.environ}
+    os.environ.update(missing)
+    if missing and torch.cuda.is_initialized():
+        logger.warning("%s set after this process initialised CUDA: it applies to the processes it starts, not to "
+                       "its own Megatron ranks; export it before starting hacrl", ", ".join(missing))
 
 
 def local_world_env(rank: int, world: int, init_file: str) -> dict[str, str]:
@@ -246,6 +268,7 @@ def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = N
         raise ParallelStateError("backend='nccl' needs CUDA; use backend='gloo' on CPU")
     if not dist.is_initialized():
         if backend == "nccl":
+            export_cuda_rank_env()  # before set_device creates this rank's CUDA context
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         _init_process_group(backend)
         atexit.register(_close_world_at_exit)  # once per world: a no-op when shutdown_parallel ran first

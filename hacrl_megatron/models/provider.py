@@ -302,10 +302,20 @@ def recompute_kwargs(recompute: str) -> dict[str, Any]:
     return {}
 
 
+def moe_grouped_gemm(spec: ArchSpec, te: bool) -> bool:
+    """Whether an MoE model's experts run as one grouped GEMM: exactly when the layers come from
+    Transformer Engine's spec (``TEGroupedMLP``); the local spec loops over ``SequentialMLP`` experts.
+    The one value that both :func:`layer_spec` and ``TransformerConfig.moe_grouped_gemm`` use."""
+    return bool(spec.num_experts) and bool(te)
+
+
 def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
-                       recompute: str = "none", ep: int = 1, etp: int = 1, moe: MoESettings | None = None) -> Any:
+                       recompute: str = "none", ep: int = 1, etp: int = 1, moe: MoESettings | None = None,
+                       grouped_gemm: bool | None = None) -> Any:
     """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp`` (and the
-    expert layout ``ep``/``etp`` with the training-side ``moe`` settings for MoE models)."""
+    expert layout ``ep``/``etp`` with the training-side ``moe`` settings for MoE models).
+    ``grouped_gemm``: :func:`moe_grouped_gemm` of the layer spec the model is built with (default:
+    the spec :func:`layer_spec` picks here)."""
     import torch.nn.functional as F
     from megatron.core.transformer import TransformerConfig
 
@@ -315,6 +325,8 @@ def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parall
                                   "rank's slice of the sequence)")
     dtype = DTYPES[spec.dtype]
     first, last = uneven_stage_sizes(spec.num_layers, pp)
+    if grouped_gemm is None:
+        grouped_gemm = moe_grouped_gemm(spec, use_transformer_engine())
     return TransformerConfig(
         num_layers=spec.num_layers,
         hidden_size=spec.hidden_size,
@@ -353,7 +365,7 @@ def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parall
         num_layers_in_first_pipeline_stage=first,
         num_layers_in_last_pipeline_stage=last,
         **recompute_kwargs(recompute),
-        **moe_transformer_kwargs(spec, ep, etp, moe),
+        **moe_transformer_kwargs(spec, ep, etp, moe, grouped_gemm),
     )
 
 
@@ -366,10 +378,12 @@ def layer_spec(spec: ArchSpec, te: bool | None = None, stage_layers: int | None 
     from hacrl_megatron.models.local_spec import local_block_spec
 
     experts = spec.num_experts or None
-    if te if te is not None else use_transformer_engine():
+    use_te = te if te is not None else use_transformer_engine()
+    grouped = moe_grouped_gemm(spec, use_te)  # the value transformer_config must get too
+    if use_te:
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(
-            num_experts=experts, moe_grouped_gemm=experts is not None, qk_layernorm=spec.qk_norm)
-    layer = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=False,
+            num_experts=experts, moe_grouped_gemm=grouped, qk_layernorm=spec.qk_norm)
+    layer = gpt_layer_specs.get_gpt_layer_local_spec(num_experts=experts, moe_grouped_gemm=grouped,
                                                      qk_layernorm=spec.qk_norm, normalization="RMSNorm")
     return layer if stage_layers is None else local_block_spec(layer, stage_layers)
 
@@ -413,7 +427,8 @@ def build_gpt_model(
     from hacrl_megatron.models import meta
 
     use_te = (te if te is not None else use_transformer_engine()) and meta_rank is None
-    config = transformer_config(spec, tp, pp, sequence_parallel, recompute, ep, etp, moe)
+    config = transformer_config(spec, tp, pp, sequence_parallel, recompute, ep, etp, moe,
+                                grouped_gemm=moe_grouped_gemm(spec, use_te))  # as layer_spec below
     config.perform_initialization = init_weights
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:

@@ -24,6 +24,9 @@ from hacrl_megatron.launch.executors import (  # noqa: E402
 from hacrl_megatron.launch.recipes import build_task, hacrl_command, launch_train  # noqa: E402
 from hacrl_megatron.launch.slurm_ray import ray_cluster_script  # noqa: E402
 
+# every executor's jobs start Megatron ranks with one CUDA work queue (or what this shell exported)
+RANK_ENV = {"CUDA_DEVICE_MAX_CONNECTIONS": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS", "1")}
+
 PRESET = "paper_qwen3_4b_with_instruct"
 
 
@@ -49,7 +52,7 @@ def test_slurm_executor_fields(tmp_path):
     assert (ex.account, ex.partition, ex.nodes, ex.ntasks_per_node, ex.gpus_per_node) == ("acct", "batch", 2, 1, 8)
     assert ex.container_image == "nvcr.io/hacrl:1" and ex.container_mounts == ["/data:/data"]
     assert ex.time == "01:00:00" and ex.exclusive is True
-    assert ex.env_vars == {"PYTHONUNBUFFERED": "1", "HF_HOME": "/data/hf"}
+    assert ex.env_vars == {"PYTHONUNBUFFERED": "1", **RANK_ENV, "HF_HOME": "/data/hf"}
     assert isinstance(ex.tunnel, run.LocalTunnel) and ex.tunnel.job_dir == str(tmp_path / "jobs")
     assert type(ex.packager) is run.Packager
     assert isinstance(_slurm(tmp_path, packager="git").packager, run.GitArchivePackager)
@@ -95,7 +98,10 @@ def test_docker_executor_fields():
     assert isinstance(ex, run.DockerExecutor)
     assert (ex.container_image, ex.num_gpus, ex.runtime, ex.ipc_mode, ex.shm_size) == \
         ("hacrl:latest", -1, "nvidia", "host", "16g")
-    assert ex.volumes == ["/ckpt:/ckpt"] and ex.env_vars == {"PYTHONUNBUFFERED": "1", "A": "1"}
+    assert ex.volumes == ["/ckpt:/ckpt"] and ex.env_vars == {"PYTHONUNBUFFERED": "1", **RANK_ENV, "A": "1"}
+    # a job's own value wins over the Megatron rank default
+    assert docker_executor("h:1", env_vars={"CUDA_DEVICE_MAX_CONNECTIONS": "8"}).env_vars[
+        "CUDA_DEVICE_MAX_CONNECTIONS"] == "8"
     cpu = docker_executor("hacrl:cpu", num_gpus=0)
     assert cpu.num_gpus is None and cpu.runtime is None
 
@@ -105,6 +111,7 @@ def test_tasks_are_python_modules_or_the_ray_script():
     # the checkout first on PYTHONPATH: `python -m hacrl_megatron` works without installing the package
     root = local.env_vars["PYTHONPATH"].split(os.pathsep)[0]
     assert os.path.isfile(os.path.join(root, "hacrl_megatron", "cli.py")) and local.env_vars["X"] == "1"
+    assert local.env_vars["CUDA_DEVICE_MAX_CONNECTIONS"] == RANK_ENV["CUDA_DEVICE_MAX_CONNECTIONS"]
     task = build_task("cpu_demo", ["train.steps=1"], local)
     # run.Script's default entrypoint is bash, which cannot run a python module (docs/measured.md §4)
     assert (task.entrypoint, task.m, task.path, task.args) == \
