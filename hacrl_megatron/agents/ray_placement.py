@@ -30,6 +30,19 @@ class RayAgentError(RuntimeError):
     """The agent's Ray world cannot be placed, or one of its ranks failed (message names agent and rank)."""
 
 
+class TrainerNodeLost(RayAgentError):
+    """A node holding some of the agent's ranks left the cluster: the run stops (its Megatron world
+    cannot continue without the rank) and resumes from its last checkpoint (message names agent and node)."""
+
+
+def node_left(ray: Any, ip: str) -> bool:
+    """No live Ray node has address ``ip`` any more (False when the cluster cannot be asked)."""
+    try:
+        return not any(n.get("Alive") and n.get("NodeManagerAddress") == ip for n in ray.nodes())
+    except Exception:  # noqa: BLE001 - no answer is no evidence of a lost node
+        return False
+
+
 def require_ray() -> Any:
     """The ``ray`` module, or an ImportError that says what to install."""
     try:
