@@ -124,8 +124,34 @@ def log_to_console() -> None:
             logger.disabled = False
 
 
+def new_run_folders(cfg):
+    """``hacrl train --new``: ``cfg`` writing into ``<output_dir>-<UTC time>`` (``-2``, ``-3``, ... if that
+    exists), ``checkpoint.dir`` likewise when set; a resume is refused (it continues a folder's run)."""
+    import dataclasses
+    import datetime
+    from pathlib import Path
+
+    from hacrl_megatron.config.validation import validate
+
+    if cfg.checkpoint.resume:
+        raise ConfigError("--new starts a fresh run in a new folder: it cannot continue one (drop "
+                          "checkpoint.resume=true, or drop --new to resume in output_dir)")
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    suffix, n = stamp, 1
+    while Path(f"{cfg.output_dir.rstrip('/')}-{suffix}").exists() or (
+            cfg.checkpoint.dir and Path(f"{cfg.checkpoint.dir.rstrip('/')}-{suffix}").exists()):
+        n += 1
+        suffix = f"{stamp}-{n}"
+    ckpt = cfg.checkpoint.dir and f"{cfg.checkpoint.dir.rstrip('/')}-{suffix}"
+    return validate(dataclasses.replace(cfg, output_dir=f"{cfg.output_dir.rstrip('/')}-{suffix}",
+                                        checkpoint=dataclasses.replace(cfg.checkpoint, dir=ckpt)))
+
+
 def _cmd_train(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
+    if args.new:
+        cfg = new_run_folders(cfg)
+        print(f"hacrl: --new: this run writes to {cfg.output_dir}", file=sys.stderr)
     _check_files(cfg)  # before any import of torch, warm-up or model build
     log_to_console()
     from hacrl_megatron.agents.ray_placement import TrainerNodeLost
@@ -167,6 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("train", help="run HACRL training (no arguments: the CPU demo)")
     _add_config_args(p)
+    p.add_argument("--new", action="store_true",
+                   help="start a fresh run in a new sibling folder <output_dir>-<UTC time> (and checkpoint.dir "
+                        "likewise when set) instead of refusing a folder that holds a run")
     p.set_defaults(func=_cmd_train)
     p = sub.add_parser("pretrain", help="supervised warm-up of every agent, cached for `train`")
     _add_config_args(p)

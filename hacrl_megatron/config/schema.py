@@ -350,6 +350,9 @@ class CheckpointConfig:
     every: int = 20  # steps between checkpoints; 0 disables
     keep: int = 2  # newest checkpoints kept
     resume: bool = False
+    # also export each agent at its best evaluation to <output_dir>/best/<agent>/ (with hacrl_best.json: step,
+    # score, metric; the score is eval_accuracy, else the mean avg@k over data.eval_benchmarks; trainer/best.py)
+    export_best: bool = False
 
 
 @dataclass

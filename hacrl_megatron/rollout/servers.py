@@ -10,6 +10,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 from collections.abc import Sequence
@@ -29,7 +30,12 @@ def gpu_groups(gpu_ids: list[int], tp: int, key: str = "tp") -> list[list[int] |
 
 
 def start_all(servers: Sequence[Any], label: str = "server") -> None:
-    """Start every server (``start()`` / ``stop()``) concurrently; if one fails, stop the others and re-raise."""
+    """Start every server (``start()`` / ``stop()``) concurrently; if one fails, stop the others and re-raise.
+    Inside :class:`StartTogether` (the same thread) it returns at once and the servers come up meanwhile."""
+    group = StartTogether.active
+    if group is not None and group.owner is threading.current_thread():
+        group.add(servers, label)
+        return
     with ThreadPoolExecutor(max_workers=len(servers), thread_name_prefix=f"{label}-start") as pool:
         futures = [pool.submit(s.start) for s in servers]
         errors = [f.exception() for f in futures]
@@ -37,6 +43,41 @@ def start_all(servers: Sequence[Any], label: str = "server") -> None:
         for s in servers:
             s.stop()
         raise next(e for e in errors if e is not None)
+
+
+class StartTogether:
+    """``with StartTogether(): ...``: every agent's servers start at once. :func:`start_all` called
+    inside the block (by the thread that entered it) launches its servers in the background and returns,
+    so the next agent is built while they come up; leaving the block waits for all of them. If one
+    fails, every server started here is stopped and its error raised (the first, in start order); if
+    the block itself fails, the starts are waited for (no server is left half-launched) and stopped."""
+
+    active: StartTogether | None = None
+
+    def __init__(self) -> None:
+        self.owner = threading.current_thread()
+        self._pool = ThreadPoolExecutor(max_workers=64, thread_name_prefix="server-start")
+        self._started: list[tuple[Any, Any]] = []  # (server, future of its start())
+
+    def add(self, servers: Sequence[Any], label: str) -> None:
+        self._started += [(s, self._pool.submit(s.start)) for s in servers]
+
+    def __enter__(self) -> StartTogether:
+        if StartTogether.active is not None:
+            raise RuntimeError("StartTogether blocks do not nest")
+        StartTogether.active = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        StartTogether.active = None
+        errors = [future.exception() for _, future in self._started]  # waits for every start
+        self._pool.shutdown(wait=True)
+        if exc is None and not any(errors):
+            return
+        for server, _ in self._started:
+            server.stop()
+        if exc is None:
+            raise next(e for e in errors if e is not None)
 
 
 GUARD = Path(__file__).with_name("server_guard.py")

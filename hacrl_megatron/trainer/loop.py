@@ -27,6 +27,7 @@ from hacrl_megatron.data.tasks import task_and_eval_set
 from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
+from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
@@ -110,13 +111,15 @@ def setup(exp: ExperimentConfig) -> Run:
 
 
 def _build_runtimes(exp: ExperimentConfig, total_updates: int) -> list[AgentRuntime]:
-    """Every agent's runtime, in config order (trainers placed in the plan's order). When one fails,
+    """Every agent's runtime, in config order (trainers placed in the plan's order; the engine servers of
+    all agents start together, rollout/servers.StartTogether). When one fails,
     those already built are closed (their engines stopped, their placement groups released) and the
     error that stopped setup is raised."""
     runtimes: list[AgentRuntime] = []
     try:
-        for i in range(len(exp.agents)):
-            runtimes.append(build_runtime(exp, i, total_updates))
+        with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
+            for i in range(len(exp.agents)):
+                runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)
         raise

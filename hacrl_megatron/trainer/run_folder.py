@@ -251,6 +251,23 @@ def _check_not_inside_another_run(folders: list[tuple[Path, str]]) -> None:
                                  "a run writes only into folders of its own; choose one outside it")
 
 
+ABANDONED_PREFIX = "abandoned-"  # <folder>/abandoned-<UTC time>/: what a run that never checkpointed left
+
+
+def _set_aside(folder: Path, found: list[str]) -> None:
+    """Move what a run that stopped before its first checkpoint left in ``folder`` (metrics, TensorBoard
+    events, samples, its run record) into ``folder/abandoned-<UTC time>/``, with a notice: a new run may
+    take the folder over, and nothing is deleted."""
+    stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
+    aside = folder / f"{ABANDONED_PREFIX}{stamp}"
+    aside.mkdir()
+    moved = [name for name in (*RUN_CONTENT, "samples", RUN_FILE) if (folder / name).exists()]
+    for name in moved:
+        os.replace(folder / name, aside / name)
+    logger.warning("%s held a run that stopped before its first checkpoint (%s): nothing to resume, so this run "
+                   "takes the folder over; what it left is kept in %s", folder, ", ".join(found), aside)
+
+
 def check_run_folder(exp: Any) -> str:
     """Raise :class:`RunFolderError` unless ``exp`` may start or continue in its folders; returns the
     run's id (a new one, or on a resume the id of the run it continues)."""
@@ -259,7 +276,9 @@ def check_run_folder(exp: Any) -> str:
     held = {f: _held_content(f, ckpt if ckpt.is_relative_to(f) else None) for f, _ in folders}
     if not exp.checkpoint.resume:
         for folder, found in held.items():
-            if found:
+            if found and not any("checkpoint" in item or item == "final" for item in found):
+                _set_aside(folder, found)  # its run stopped before its first checkpoint: nothing to continue
+            elif found:
                 raise RunFolderError(
                     f"{folder} already holds a run ({', '.join(found)}); continue it with checkpoint.resume=true "
                     "(same configuration), or choose another output_dir" + ("" if folder == folders[0][0] else
