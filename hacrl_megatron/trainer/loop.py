@@ -30,6 +30,7 @@ from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
+from hacrl_megatron.trainer.best import update_best
 from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
@@ -67,6 +68,7 @@ class Run:
     weights_version: int = 0  # the version the engines hold: the weights at the start of step weights_version
     benchmarks: dict[str, list[PromptRecord]] = field(default_factory=dict)  # data.eval_benchmarks' problems
     samples: list[dict[str, Any]] = field(default_factory=list)  # the last step's samples rows (trainer/samples.py)
+    best: dict[str, list[Any]] = field(default_factory=dict)  # checkpoint.export_best: agent → [score, step]
 
     @property
     def names(self) -> list[str]:
@@ -271,7 +273,8 @@ def train_step(run: Run) -> dict[str, float]:
 def _save(run: Run) -> None:
     # the data position is the step itself (prompts are sampled at offset step × prompts_per_step); an
     # overlapping run also saves its finished, untrained batches with their behaviour log-probs
-    state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run)}
+    state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run),
+             "best": run.best}
     save_checkpoint(checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
 
 
@@ -282,6 +285,7 @@ def _resume(run: Run) -> bool:
         state = load_checkpoint(path, run.runtimes)
         run.tracker.load_state_dict(state["tracker"])
         run.history, run.step = state["history"], int(state["step"])
+        run.best = state.get("best", {})  # checkpoints written before checkpoint.export_best existed have none
         return state
 
     found = resume_from(root, restore)  # the newest that verifies and loads; damaged newer ones are skipped (logged)
@@ -332,6 +336,9 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
                     run.history.setdefault(key, []).append(value)
             out.write(f"step {run.step}: eval {format_scores(scores)}")
             metrics.update(scores)
+    if run.exp.checkpoint.export_best:  # trainer/best.py
+        for line in update_best(run.best, metrics, run.step, run.runtimes, run.exp.output_dir, export_hf):
+            out.write(line)
     return metrics
 
 

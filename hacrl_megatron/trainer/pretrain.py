@@ -33,8 +33,8 @@ from hacrl_megatron.algo import LossInputs
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.config.schema import MOE_ARCHS, MOE_MODEL_FIELDS
 from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
-from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
 from hacrl_megatron.data.formats import dataset_options
+from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer.evaluation import evaluate_agents
