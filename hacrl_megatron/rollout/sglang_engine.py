@@ -60,6 +60,10 @@ FLATTENED_BUCKET = "flattened_bucket"
 # the first release whose scheduler refuses tensor/distributed pushes outside POST /begin_weight_update ...
 # POST /end_weight_update (0.5.20 has neither route; 0.5.21's weight updater checks the session)
 WEIGHT_SESSION_SINCE = (0, 5, 21)
+# an update whose weights were loaded but whose prefix-cache flush found a request still finishing (SGLang
+# answers the update with HTTP 400 and this text; the cache is then flushed by POST /flush_cache, retried)
+UNFLUSHED = "the cache was not flushed"
+FLUSH_WAIT_S = 60.0
 
 
 def release_tuple(version: str) -> tuple[int, ...]:
@@ -160,9 +164,33 @@ class SGLangEngine(ServerLifecycle):
             raise SGLangError(f"SGLang {self.base_url}{path} failed: {reply.get('message', reply)}")
         return reply
 
-    def flush_cache(self) -> None:
-        """Empty the server's prefix cache (``POST /flush_cache``; SGLang answers plain text)."""
-        self.post("/flush_cache", None)
+    def flush_cache(self, wait_s: float = 0.0) -> None:
+        """Empty the server's prefix cache (``POST /flush_cache``; SGLang answers plain text). The server
+        refuses while a request is running or queued: retried for up to ``wait_s`` seconds."""
+        deadline, pause = time.monotonic() + wait_s, 0.05
+        while True:
+            try:
+                self.post("/flush_cache", None)
+                return
+            except SGLangUnreachable:
+                raise
+            except SGLangError:
+                if time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+    def _post_update(self, path: str, payload: dict[str, Any]) -> None:
+        """POST a weight update. SGLang fails an update whose weights loaded but whose cache flush met a
+        request still finishing (:data:`UNFLUSHED`): the weights are in, so the flush is redone here."""
+        try:
+            self.post(path, payload)
+        except SGLangUnreachable:
+            raise
+        except SGLangError as e:
+            if UNFLUSHED not in str(e):
+                raise
+            self.flush_cache(wait_s=FLUSH_WAIT_S)
 
     def server_weight_version(self) -> str:
         """The weight version the server reports (``/model_info``'s "weight_version": the
@@ -249,13 +277,13 @@ class SGLangEngine(ServerLifecycle):
 
     def update_weights_from_disk(self, folder: str, version: int) -> None:
         """The server reloads its weights from the safetensors files in ``folder``."""
-        self.post("/update_weights_from_disk", {"model_path": str(folder), "weight_version": str(version)})
+        self._post_update("/update_weights_from_disk", {"model_path": str(folder), "weight_version": str(version)})
 
     def update_weights_from_tensor(self, serialized: list[str], *, flush_cache: bool, version: int) -> None:
         """One bucket of IPC handles, ``serialized[k]`` for TP rank k (each unpickling consumes its handles)."""
         if len(serialized) != self.tp_size:
             raise ValueError(f"SGLangEngine {self.name}: {len(serialized)} serialized copies for tp_size={self.tp_size}")
-        self.post("/update_weights_from_tensor", {"serialized_named_tensors": list(serialized),
+        self._post_update("/update_weights_from_tensor", {"serialized_named_tensors": list(serialized),
                                                   "flush_cache": bool(flush_cache), "weight_version": str(version)})
 
     def init_weights_update_group(self, *, master_address: str, master_port: int, rank_offset: int,
@@ -268,7 +296,7 @@ class SGLangEngine(ServerLifecycle):
     def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str, flush_cache: bool, version: int) -> None:
         """Receive one flattened bucket broadcast from group rank 0 and load it."""
-        self.post("/update_weights_from_distributed", {
+        self._post_update("/update_weights_from_distributed", {
             "names": list(names), "dtypes": list(dtypes), "shapes": [list(s) for s in shapes],
             "group_name": group_name, "load_format": FLATTENED_BUCKET, "flush_cache": bool(flush_cache),
             "weight_version": str(version)})

@@ -156,3 +156,18 @@ def test_a_session_left_open_by_a_crashed_trainer_is_closed_and_reopened(tok):  
         assert engine.server_weight_version() == "1"
     finally:
         server.kill()
+
+
+@pytest.mark.parametrize("kind", ["disk", "distributed"])
+def test_an_update_whose_cache_flush_met_a_finishing_request_is_completed_by_flushing_again(tok, tmp_path, kind):  # noqa: F811
+    """Real SGLang right after a generation: the weights load, the flush finds the request not yet
+    retired, the update answers 400 "... the cache was not flushed ..."; the client flushes again."""
+    pool, servers = make_pool(tok, kind, tmp_path, n_engines=1, version="0.5.23")
+    try:
+        servers[0].handler.state.busy_flushes = 3  # the update's flush and two /flush_cache retries refused
+        pool.load_weights(tiny_llama(len(tok), seed=4).state_dict().items())
+        assert [p for p in routes(servers[0]) if p == "/flush_cache"] == ["/flush_cache"] * 3
+        assert pool.generate(prompts(tok), GREEDY) == HFEngine(tiny_llama(len(tok), seed=4), tok).generate(
+            prompts(tok), GREEDY)
+    finally:
+        pool.close()
