@@ -189,7 +189,10 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from hacrl_megatron import __version__
+
     parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO)")
+    parser.add_argument("--version", action="version", version=f"hacrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("train", help="run HACRL training (no arguments: the CPU demo)")
     _add_config_args(p)

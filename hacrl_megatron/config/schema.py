@@ -154,6 +154,7 @@ class SGLangConfig:
     # {model_path}, {host}, {port} are substituted. Empty: python -m sglang.launch_server ...
     python: str = ""  # interpreter that runs sglang.launch_server (SGLang in its own venv, e.g. the
     # image's /opt/sglang/bin/python). Empty: $HACRL_SGLANG_PYTHON if set, else this Python
+
     # local: each server a child process of the trainer on this host, bound to 127.0.0.1 | ray: each server owned
     # by a Ray actor on a {GPU: tp} bundle of the cluster (any node), bound to that node's address
     # (rollout/engine_actor.py; multi-node runs)
@@ -161,6 +162,7 @@ class SGLangConfig:
     host: str = ""  # bind address of the servers ("": the node's address as Ray knows it). With placement=ray
     # only "" or a per-node placeholder, quoted in YAML: "{node_ip}" or "{iface:NAME}" (that interface's IPv4
     # address on each node); a fixed address would be bound and advertised by every node's server
+
     # a file whose first line is the servers' API key (SGLang's --api-key: every request but /health must
     # then carry it as "Authorization: Bearer <key>"); read when the servers start, never stored in the run
     # folder, never on a command line (a private --config file while the server starts) nor in a log
