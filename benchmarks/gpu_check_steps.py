@@ -200,7 +200,7 @@ def step_tp_mask() -> str:
     from hacrl_megatron.kernels.vocab_parallel import VocabShard
 
     out, worst = {}, 0.0
-    block = ti._config(torch.device("cuda"))["BLOCK_V"]
+    block = ti._config(torch.device("cuda"), torch.bfloat16)["BLOCK_V"]
     for model, vocab, tp in TP_CASES:
         v_local = vocab // tp
         n, h = 512, 128

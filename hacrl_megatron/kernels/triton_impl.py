@@ -34,10 +34,19 @@ CONFIG_KEYS = ("BLOCK_M", "BLOCK_V", "BLOCK_K", "SPLIT_V", "num_warps", "num_sta
 CONFIG_ENV = "HACRL_LOGPROB_TRITON_CONFIG"
 
 
-def _config(device: torch.device) -> dict[str, int]:
-    """Tile sizes: large on CUDA (GEMM-efficient), tiny under the CPU interpreter (fast tests).
+# CUDA tiles: 128×128 logits tiles with a 64-wide K step for half inputs (wgmma; 254 registers per
+# thread for the forward on sm_90, no spills). fp32 inputs multiply on the FMA units (IEEE, no tf32),
+# whose 128×128 tile needs more than the 255 registers a thread has: ptxas spills 216 B per thread
+# (592 B when H % 64 != 0); 128×64 tiles use 212 and do not spill (benchmarks/RESULTS_kernels.md).
+CUDA_CONFIG = {"BLOCK_M": 128, "BLOCK_V": 128, "BLOCK_K": 64, "SPLIT_V": 8192, "num_warps": 8, "num_stages": 3}
+CUDA_CONFIG_FP32 = {**CUDA_CONFIG, "BLOCK_V": 64}
 
-    Fixed per device kind — choosing them from N would break batch invariance.
+
+def _config(device: torch.device, dtype: torch.dtype | None = None) -> dict[str, int]:
+    """Tile sizes: large on CUDA (GEMM-efficient; per input dtype), tiny under the CPU interpreter
+    (fast tests). ``dtype`` None: the half-precision tiles.
+
+    Fixed per device kind and dtype — choosing them from N would break batch invariance.
     """
     if device.type != "cuda":
         return {"BLOCK_M": 16, "BLOCK_V": 32, "BLOCK_K": 16, "SPLIT_V": 128, "num_warps": 4, "num_stages": 1}
@@ -48,10 +57,10 @@ def _config(device: torch.device) -> dict[str, int]:
             raise ValueError(f"{CONFIG_ENV}={override!r}: need {len(CONFIG_KEYS)} ints {CONFIG_KEYS}, with "
                              f"SPLIT_V a multiple of BLOCK_V and BLOCK_V dividing 128")
         return dict(zip(CONFIG_KEYS, values))
-    return {"BLOCK_M": 128, "BLOCK_V": 128, "BLOCK_K": 64, "SPLIT_V": 8192, "num_warps": 8, "num_stages": 3}
+    return dict(CUDA_CONFIG_FP32 if dtype == torch.float32 else CUDA_CONFIG)
 
 
-# The backward's vocab slices are multiples of this (the CUDA BLOCK_V; also a multiple of 32).
+# The backward's vocab slices are multiples of this (of every CUDA BLOCK_V; also a multiple of 32).
 VOCAB_ALIGN = 128
 # Elements of one [N, V_c] dlogits slice by default: 2**27 half values = 256 MiB.
 DEFAULT_CHUNK_ELEMENTS = 1 << 27
@@ -184,7 +193,7 @@ def shard_stats(hidden: torch.Tensor, weight: torch.Tensor, local_targets: torch
     hidden, weight = _contiguous_rows(hidden), _contiguous_rows(weight)
     n, k = hidden.shape
     vocab = weight.shape[0]
-    cfg = _config(hidden.device)
+    cfg = _config(hidden.device, hidden.dtype)
     split_v = cfg["SPLIT_V"]
     splits = triton.cdiv(vocab, split_v)
     parts = torch.empty(3, splits, n, dtype=torch.float32, device=hidden.device)
@@ -206,7 +215,7 @@ def grad_logits_chunk(hidden: torch.Tensor, weight_chunk: torch.Tensor, chunk_ta
     hidden, weight_chunk = _contiguous_rows(hidden), _contiguous_rows(weight_chunk)
     n, k = hidden.shape
     width = weight_chunk.shape[0]
-    cfg = _config(hidden.device)
+    cfg = _config(hidden.device, hidden.dtype)
     out_dtype = hidden.dtype if hidden.is_cuda else acc_dtype_for(hidden.dtype)
     dlogits = workspace(out, (n, width), out_dtype, hidden.device)
     grid = (triton.cdiv(n, cfg["BLOCK_M"]), triton.cdiv(width, cfg["BLOCK_V"]))

@@ -30,9 +30,9 @@ VOCABS = {"qwen3": 151936, "llama3": 128256, "qwen2.5": 152064, "smollm2": 49152
 TPS = (1, 2, 4, 8)
 N, H = 8, 16
 
-GPU = ti._config(torch.device("cuda"))  # the tile sizes a CUDA launch uses (needs no device)
+GPU = ti._config(torch.device("cuda"), torch.bfloat16)  # the tiles a bf16 CUDA launch uses (needs no device)
 # the interpreter with the GPU's vocab block and split; small row and K tiles keep it fast
-ti._config = lambda device: {**GPU, "BLOCK_M": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1}
+ti._config = lambda device, dtype=None: {**GPU, "BLOCK_M": 16, "BLOCK_K": 16, "num_warps": 4, "num_stages": 1}
 torch.set_num_threads(1)
 
 
