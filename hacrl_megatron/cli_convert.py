@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import shutil
 import sys
@@ -85,6 +86,9 @@ def main(args: argparse.Namespace) -> int:
     if args.tp < 1 or args.pp < 1:
         print(f"hacrl convert: --tp={args.tp} and --pp={args.pp} must be >= 1", file=sys.stderr)
         return 2
+    if not (math.isfinite(args.max_shard_gb) and args.max_shard_gb > 0):  # NaN failed inside the world
+        print(f"hacrl convert: --max-shard-gb={args.max_shard_gb:g}: must be a finite number > 0", file=sys.stderr)
+        return 2
     if args.gguf_file and not args.from_hf:
         print("hacrl convert: --gguf-file needs --from-hf DIR (the folder that holds the GGUF)", file=sys.stderr)
         return 2
@@ -146,7 +150,10 @@ def _source(opts: dict) -> tuple[ArchSpec, Any, Any, str | None]:
     """(ArchSpec, HF config, HF tensor source or None, Megatron checkpoint or None)."""
     if opts["from_hf"]:
         hf_config, source = open_hf_model(opts["from_hf"], opts.get("gguf_file"))
-        return arch_from_hf(hf_config, dtype=opts.get("dtype")), hf_config, source, None
+        try:
+            return arch_from_hf(hf_config, dtype=opts.get("dtype")), hf_config, source, None
+        except UnsupportedModelError as err:  # name the file whose field it is
+            raise UnsupportedModelError(f"{os.path.join(resolve_hf_dir(opts['from_hf']), 'config.json')}: {err}") from None
     spec, hf_config = ckpt.read_meta(opts["from_megatron"])
     if hf_config is None:
         raise ValueError(f"{opts['from_megatron']}: checkpoint has no HF config stored; cannot convert it")

@@ -42,7 +42,14 @@ def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | N
         return model.config, DictSource({k: v.detach() for k, v in model.state_dict().items()})
     if not os.path.isfile(os.path.join(path, "config.json")):
         raise FileNotFoundError(f"hf_path={path!r} is not an HF model directory (no config.json)")
-    return AutoConfig.from_pretrained(path, local_files_only=True), SafetensorsSource(path)
+    try:
+        config = AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # not JSON, no model_type, a field transformers refuses (its own error types)
+        from hacrl_megatron.models.provider import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{os.path.join(path, 'config.json')}: cannot be read as an HF config "
+                                    f"({' '.join(str(err).split())[:300]})") from None
+    return config, SafetensorsSource(path)
 
 
 def is_hf_dir(path: str) -> bool:

@@ -144,8 +144,31 @@ def _llama3_factor(cfg: Any, rope: dict[str, Any]) -> float | None:
     return float(rope["factor"])
 
 
+_HF_SIZES = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+             "intermediate_size", "vocab_size", "max_position_embeddings")
+MAX_HF_SIZE = 2**31 - 1  # any size beyond int32 is no model anyone can build
+
+
+def check_hf_sizes(cfg: Any) -> None:
+    """Every size an :class:`ArchSpec` reads from an HF config is an integer in [1, 2**31) (absent
+    optional ones aside): a float (1e300), 0 heads or a string would crash later, deep in the maths.
+    Raises :class:`UnsupportedModelError` naming the field and its value."""
+    for name in _HF_SIZES:
+        value = getattr(cfg, name, None)
+        if value is None and name in ("num_key_value_heads", "head_dim"):
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_HF_SIZE:
+            raise UnsupportedModelError(f"{name}={value!r}: must be an integer in [1, {MAX_HF_SIZE}]")
+    for name in ("rms_norm_eps", "rope_theta"):
+        value = getattr(cfg, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not math.isfinite(value) or value <= 0):
+            raise UnsupportedModelError(f"{name}={value!r}: must be a finite number > 0")
+
+
 def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
-    """Read an HF ``PretrainedConfig`` (llama / qwen2 / qwen3) into an :class:`ArchSpec`."""
+    """Read an HF ``PretrainedConfig`` (llama / qwen2 / qwen3) into an :class:`ArchSpec`; its sizes are
+    checked first (:func:`check_hf_sizes`)."""
     model_type = getattr(cfg, "model_type", None)
     if model_type not in ARCH_BY_MODEL_TYPE:
         archs = getattr(cfg, "architectures", None)
@@ -164,6 +187,7 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
         raise UnsupportedModelError(f"{model_type}: hidden_act={cfg.hidden_act!r} is not supported (SwiGLU needs 'silu')")
     if getattr(cfg, "use_sliding_window", False):
         raise UnsupportedModelError(f"{model_type}: use_sliding_window=True is not supported")
+    check_hf_sizes(cfg)
     rope = _rope_params(cfg)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads

@@ -16,11 +16,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from typing import Any
 
 from hacrl_megatron.plan.memory import COLOCATION
+
+MAX_NODES = 256  # the layout search's time grows with the nodes it splits between trainers and engines
+MAX_GPUS_PER_NODE = 128
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -65,8 +69,8 @@ def _cluster(args: argparse.Namespace, nodes: int, gpn: int) -> Any:
     from hacrl_megatron.plan.gpus import gpu_by_name
     from hacrl_megatron.plan.search import Cluster
 
-    if args.gpu_memory_gib <= 0:
-        raise _BadInput(f"--gpu-memory-gib={args.gpu_memory_gib:g}: must be > 0")
+    if not (math.isfinite(args.gpu_memory_gib) and args.gpu_memory_gib > 0):
+        raise _BadInput(f"--gpu-memory-gib={args.gpu_memory_gib:g}: must be a finite number > 0")
     return Cluster(nodes, gpn, args.gpu_memory_gib, gpu_by_name(args.gpu))
 
 
@@ -75,10 +79,12 @@ def _experiment(args: argparse.Namespace) -> dict[str, Any]:
     from hacrl_megatron.plan.experiment import plan_experiment
     from hacrl_megatron.plan.report import agent_dict, assumptions_dict, placement_dict, step_fields
 
-    for name in ("nodes", "gpus_per_node"):
+    for name, most in (("nodes", MAX_NODES), ("gpus_per_node", MAX_GPUS_PER_NODE)):
         value = getattr(args, name)
         if value is None or value < 1:
             raise _BadInput(f"--preset needs --{name.replace('_', '-')} >= 1 (got {value})")
+        if value > most:  # the search tries every split of the nodes: its time grows with them
+            raise _BadInput(f"--{name.replace('_', '-')}={value}: at most {most} (plan a part of a larger cluster)")
     cluster = _cluster(args, args.nodes, args.gpus_per_node)
     data = read_preset(args.preset)
     for ov in args.overrides:

@@ -121,14 +121,28 @@ def arch_from_config(config: dict | str) -> ArchSpec:
     Only the configuration is read (no weights, no tokenizer); the dtype is the checkpoint's."""
     import transformers
 
+    where = "HF config"
     if isinstance(config, str):
         path = os.path.join(config, "config.json") if os.path.isdir(config) else config
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{config}: no HF config.json here (give a model folder or its config.json)")
-        with open(path) as f:
-            config = json.load(f)
+        where = path
+        try:
+            with open(path, encoding="utf-8") as f:
+                config = json.load(f)
+        except (ValueError, RecursionError) as err:  # JSONDecodeError, not UTF-8, 4,300+ digit integers
+            raise ValueError(f"{path}: not a readable JSON config ({' '.join(str(err).split())[:200]})") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(config).__name__}")
     data = dict(config)
     model_type = data.pop("model_type", None)
     if model_type is None:
-        raise ValueError(f"HF config has no 'model_type' (keys: {sorted(config)[:8]}...)")
-    return arch_from_hf(transformers.AutoConfig.for_model(model_type, **data))
+        raise ValueError(f"{where}: no 'model_type' (keys: {sorted(config)[:8]}...)")
+    try:  # transformers validates some fields itself (its own error types, or 0 heads dividing), arch_from_hf the rest
+        hf = transformers.AutoConfig.for_model(model_type, **data)
+    except Exception as err:
+        raise ValueError(f"{where}: {' '.join(str(err).split())[:300]}") from None
+    try:
+        return arch_from_hf(hf)
+    except ValueError as err:
+        raise type(err)(f"{where}: {err}") from None
