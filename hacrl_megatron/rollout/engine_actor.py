@@ -214,7 +214,6 @@ class RemoteServer:
         node itself is gone: a bundle of an unpinned group would move to another node and its server
         come back at another address, one of a planned group waits for a node that may not return;
         either way the engine is retired rather than reloaded (rollout/engine_pool.py)."""
-
         if self.actor_alive():
             url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
         elif self.node_gone():

@@ -297,3 +297,71 @@ def test_unsatisfiable_planned_placement_fails_in_one_line_and_leaves_nothing(cl
                                   "0 of 2 GPUs free, held by blocker (2 GPUs)")
     finally:
         ray.util.remove_placement_group(blocker)
+
+
+def wait_refused(host: str, port: int, timeout_s: float = 60.0) -> None:
+    """Until nothing answers at host:port (a removed node's server is ended by its guard)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not refused(host, port):
+        assert time.monotonic() < deadline, f"{host}:{port} still answers {timeout_s:g} s after its node left"
+        time.sleep(0.5)
+
+
+@pytest.mark.timeout(1800)
+def test_losing_an_engine_node_retires_its_engine_and_a_resume_finishes(cluster, tmp_path, caplog):
+    """Node 2 (127.0.0.4) leaves the cluster after step 1 while llama's engine1 runs there: the next
+    steps go on with the surviving engines (its prompts redone on engine0), the engine is retired with
+    one warning naming the agent, the engine and the node, and no other engine restarts; once the node
+    is back (same address, same hacrl_node_2 resource) a resume from the step-1 checkpoint finishes."""
+    from hacrl_megatron.reward.pool import VerifierPool
+    from tests.cluster.conftest import node_wait_s
+    from tests.e2e.test_trainer import parity_reward
+
+    exp = cluster_exp(tmp_path, steps=3)
+    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=1))
+    run = loop.setup(exp)
+    run.verifier.close()
+    run.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+    (node2,) = [n for n in cluster.list_all_nodes() if n.node_ip_address == "127.0.0.4"]
+    removed = False
+    try:
+        loop.train_step(run)
+        loop._save(run)
+        llama = run.runtimes[0].engine
+        victim = llama.slots[1]
+        url = urlparse(victim.engine.base_url)
+        assert url.hostname == "127.0.0.4"  # engine1 of llama: job-wide GPU 4, node 2
+        cluster.remove_node(node2, allow_graceful=False)
+        removed = True
+        wait_refused(url.hostname, url.port)
+        with caplog.at_level("WARNING", logger="hacrl_megatron.rollout.engine_pool"):
+            later = [loop.train_step(run) for _ in range(2)]
+        assert victim.state == "retired"
+        warnings = [r.getMessage() for r in caplog.records if r.name == "hacrl_megatron.rollout.engine_pool"]
+        assert len(warnings) == 1 and warnings[0].startswith("agent 'llama', engine1: retired from the pool, its node "
+                                                             "127.0.0.4"), warnings
+        others = [s for rt in run.runtimes for s in rt.engine.slots if s is not victim]
+        assert all(s.state == "ready" and s.engine.server.restarts == 0 for s in others)  # no reload elsewhere
+        for metrics in later:
+            assert metrics["llama/sync_logp_diff"] < 1e-3 * 8 and metrics["qwen3/sync_logp_diff"] < 1e-3 * 8
+            assert metrics["llama/rollout/engine1/live"] == 0.0 and metrics["llama/rollout/engine0/live"] == 1.0
+    finally:
+        for rt in run.runtimes:
+            rt.close()
+        if removed:  # the node comes back for the resume and the module's other tests
+            cluster.add_node(num_cpus=2, num_gpus=2, node_ip_address="127.0.0.4", resources=node_resources(2))
+            cluster.wait_for_nodes(timeout=node_wait_s())
+    resumed = loop.setup(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    try:
+        resumed.verifier.close()
+        resumed.verifier = VerifierPool(num_workers=0, score_fn=parity_reward)
+        assert loop._resume(resumed) and resumed.step == 1
+        while resumed.step < exp.train.steps:
+            metrics = loop.train_step(resumed)
+        assert resumed.step == 3 and metrics["llama/sync_logp_diff"] < 1e-3 * 8
+        assert urlparse(resumed.runtimes[0].engine.slots[1].engine.base_url).hostname == "127.0.0.4"  # its node again
+    finally:
+        for rt in resumed.runtimes:
+            rt.close()
