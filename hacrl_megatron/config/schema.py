@@ -363,8 +363,13 @@ class LogConfig:
 
     jsonl: bool = True
     tensorboard: bool = True
-    wandb: bool = False
+    wandb: bool = False  # log to Weights & Biases (checked to be installed by hacrl config); a resumed run
+    # continues its own W&B run: the W&B run id is the run's id in run.json (kept by checkpoint.resume)
     wandb_project: str = "hacrl"
+    wandb_entity: str = ""  # the W&B entity (team or user); "": wandb's default
+    wandb_group: str = ""  # W&B group (e.g. the seeds of one comparison); "": none
+    wandb_tags: list[str] = field(default_factory=list)  # W&B tags
+    run_name: str = ""  # the W&B run's display name; "": the run's name
     progress: bool = True
     every: int = 1
     # the step's generations in <output_dir>/samples/step-NNNNNN.jsonl (question, reference, every agent's

@@ -449,6 +449,9 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     _rule(cfg.data.eval_size >= 0, "data.eval_size", cfg.data.eval_size, "must be >= 0")
     _rule(cfg.checkpoint.every >= 0, "checkpoint.every", cfg.checkpoint.every, "must be >= 0")
     _rule(cfg.checkpoint.keep >= 1, "checkpoint.keep", cfg.checkpoint.keep, "must be >= 1")
+    for tag in cfg.log.wandb_tags:
+        _rule(0 < len(tag) <= 64, "log.wandb_tags", cfg.log.wandb_tags, f"tag {tag!r} must be 1 to 64 characters "
+              "(wandb's limit)")
     _rule(not cfg.checkpoint.export_best or (t.eval_every > 0 and (cfg.data.eval_size > 0 or cfg.data.eval_benchmarks)),
           "checkpoint.export_best", True, "needs evaluations to pick the best step: train.eval_every > 0 and "
           "data.eval_size > 0 or data.eval_benchmarks")

@@ -348,15 +348,15 @@ def train(exp: ExperimentConfig) -> Run:
     Before any work the run folder is locked for the run's lifetime and checked: one run per folder,
     continued only with ``checkpoint.resume=true`` and an agreeing config (trainer/run_folder.py).
     """
-    with claim_run_folder(exp):
-        return _train(exp)
+    with claim_run_folder(exp) as claimed:
+        return _train(exp, claimed.run_id)
 
 
-def _train(exp: ExperimentConfig) -> Run:
+def _train(exp: ExperimentConfig, run_id: str = "") -> Run:
     run = setup(exp)
     exp = run.exp
     resumed = exp.checkpoint.resume and _resume(run)
-    out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step)
+    out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step, run_id=run_id)
     failure = None
     try:
         if not resumed and _evaluates(exp, 0):

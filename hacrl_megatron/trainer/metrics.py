@@ -130,7 +130,9 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 class MetricsLogger:
-    def __init__(self, exp: ExperimentConfig, out_dir: Path, total_steps: int, start_step: int = 0) -> None:
+    def __init__(self, exp: ExperimentConfig, out_dir: Path, total_steps: int, start_step: int = 0,
+                 run_id: str = "") -> None:
+        """``run_id``: the run's id (run.json); the wandb run's id, so that a resumed run continues it."""
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = exp.log
@@ -150,7 +152,10 @@ class MetricsLogger:
                 import wandb
             except ImportError as err:
                 raise ImportError("log.wandb=true needs `pip install wandb`") from err
-            self._wandb = wandb.init(project=self.cfg.wandb_project, name=exp.name, config=exp.to_dict())
+            c = self.cfg
+            self._wandb = wandb.init(project=c.wandb_project, entity=c.wandb_entity or None, group=c.wandb_group or None,
+                                     tags=list(c.wandb_tags) or None, name=c.run_name or exp.name, id=run_id or None,
+                                     resume="allow" if run_id else None, config=exp.to_dict())
         self._bar = None
         if self.cfg.progress:
             from tqdm import tqdm

@@ -54,9 +54,10 @@ ACCEPTED = {
                       "hacpo.self_clip_high", "hacpo.grpo_clip_high", "hacpo.omega_max", "hacpo.max_reward",
                       "train.steps", "train.micro_batch_size", "train.grad_clip", "train.lr_warmup_steps",
                       "train.eval_every", "checkpoint.every", "checkpoint.keep", "log.every", "log.samples_every"},
-    '""': {"rollout.sglang.python", "rollout.vllm.python", "rollout.sglang.host", "rollout.sglang.api_key_file"},
+    '""': {"rollout.sglang.python", "rollout.vllm.python", "rollout.sglang.host", "rollout.sglang.api_key_file",
+           "log.wandb_entity", "log.wandb_group", "log.run_name"},
     NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "rollout.vllm.python",
-                "rollout.sglang.api_key_file", "log.wandb_project"},
+                "rollout.sglang.api_key_file", "log.wandb_project", "log.wandb_entity", "log.wandb_group", "log.run_name"},
 }
 
 
