@@ -15,7 +15,7 @@ from hacrl_megatron.config import load_config
 from hacrl_megatron.trainer import pretrain
 
 
-@pytest.mark.parametrize("preset", ["cpu_state"])
+@pytest.mark.parametrize("preset", ["cpu_state", "cpu_size"])
 def test_one_step_from_the_shipped_warmup(tmp_path, preset):
     exp = load_config(preset)
     assert all(pretrain.shipped_warmup(exp, i) is not None for i in range(len(exp.agents)))

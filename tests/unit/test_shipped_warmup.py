@@ -17,7 +17,7 @@ from hacrl_megatron.eval.run import load_hf_agent
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.trainer import pretrain
 
-SHIPPED = ("cpu_demo", "cpu_state")  # the presets whose warm-ups the package carries
+SHIPPED = ("cpu_demo", "cpu_state", "cpu_size")  # the presets whose warm-ups the package carries
 REGENERATE = "regenerate them: python tools/ship_warmup.py --preset <preset>"
 
 
