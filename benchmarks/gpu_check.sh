@@ -35,7 +35,7 @@
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #       -d .whl "megatron-core==0.19.2"        # 2.4 MB; add numpy packaging pyyaml if needed (~20 MB)
 #   run(command="bash benchmarks/gpu_check.sh", carry=[".whl"])     # the device tool of a session
-# Without the wheel the megatron and agent steps print "skipped: megatron does not import (...)".
+# Without the wheel the megatron and agent steps print "skipped: megatron.core does not import (...)".
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-gpu_check_out}"

@@ -48,8 +48,13 @@ def need_cuda() -> None:
 
 
 def need(module: str, advice: str) -> None:
-    if not importable(module):
+    """Skip unless ``module`` imports here (with what it imports itself, e.g. numpy for megatron.core)."""
+    if not importable(module.split(".")[0]):
         raise Skip(f"{module} does not import ({advice})")
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        raise Skip(f"{module} does not import: {e} ({advice})") from None
 
 
 def record(step: str, data: dict) -> None:

@@ -53,7 +53,8 @@ def step_megatron_cpu(path: str) -> str:
 def step_megatron() -> str:
     """megatron-core's GPTModel (local spec, fp32) forward and backward on CUDA vs the same weights on CPU."""
     need_cuda()
-    need("megatron", "carry the megatron-core wheel in .whl/: see the header")
+    need("megatron.core", "carry the megatron-core wheel, and any of numpy/packaging missing here, in .whl/: "
+                         "see the header")
     import torch
 
     from hacrl_megatron.models.parallel import init_parallel
@@ -122,7 +123,8 @@ def step_agent() -> str:
     """One LocalAgent HACPO update on CUDA through the fused Triton loss, against the same agent with
     megatron's vocab-parallel cross entropy (same weights): log-probs, loss, grad norm; every parameter moves."""
     need_cuda()
-    need("megatron", "carry the megatron-core wheel in .whl/: see the header")
+    need("megatron.core", "carry the megatron-core wheel, and any of numpy/packaging missing here, in .whl/: "
+                         "see the header")
     data = agent_compare("triton", "megatron")
     record("agent", data)
     d_logp, d_loss, d_norm, moved, total = (data[k] for k in ("logp_diff", "loss_diff", "grad_norm_rel_diff", "moved",
