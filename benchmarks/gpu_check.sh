@@ -28,7 +28,8 @@
 # What still needs a full cluster: Transformer Engine layers and TP/PP/EP > 1 over NCCL (several
 # GPUs), Ray agents and engines across nodes, real SGLang and vLLM servers with each weight
 # transport (their venvs, NCCL between trainer and engine GPUs), multi-node Slurm launches, and the
-# paper-scale runs (tools/image/gpu_site_check.sh inside the image covers the first three).
+# paper-scale runs (tools/image/gpu_site_check.sh, in the image on a GPU node, covers TE, a Ray agent
+# on NCCL and the engine venvs' NCCL on one node).
 #
 # megatron-core (and any of numpy, packaging, pyyaml the lent Python lacks): download the Python 3.12
 # wheels on a machine with network into .whl/ (ignored by git), then carry that folder:
