@@ -66,6 +66,8 @@ class Run:
     step: int = 0
     history: dict[str, list[float]] = field(default_factory=dict)
     weights_version: int = 0  # the version the engines hold: the weights at the start of step weights_version
+    rollout_tokens: dict[str, float] = field(default_factory=dict)  # per agent, whole run (metric and checkpoint)
+    rollout_tokens_before: dict[str, float] = field(default_factory=dict)  # by the processes before a resume
     benchmarks: dict[str, list[PromptRecord]] = field(default_factory=dict)  # data.eval_benchmarks' problems
     samples: list[dict[str, Any]] = field(default_factory=list)  # the last step's samples rows (trainer/samples.py)
     best: dict[str, list[Any]] = field(default_factory=dict)  # checkpoint.export_best: agent → [score, step]
@@ -205,7 +207,9 @@ def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
         metrics = {f"{rt.name}/sync_logp_diff": check_sync(rt.trainer, rt.engine, rt.prompt_ids(probe.question), response)}
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
-        metrics[f"{rt.name}/rollout_tokens_total"] = float(gen["tokens"])
+        # the engine counts since it started: add what the run's earlier processes generated (resume)
+        run.rollout_tokens[rt.name] = run.rollout_tokens_before.get(rt.name, 0.0) + float(gen["tokens"])
+        metrics[f"{rt.name}/rollout_tokens_total"] = run.rollout_tokens[rt.name]
         for key, value in gen.items():  # per-engine counters of an SGLang pool ("engine0/tokens_per_s", ...)
             if "/" in key:
                 metrics[f"{rt.name}/rollout/{key}"] = float(value)
@@ -274,7 +278,7 @@ def _save(run: Run) -> None:
     # the data position is the step itself (prompts are sampled at offset step × prompts_per_step); an
     # overlapping run also saves its finished, untrained batches with their behaviour log-probs
     state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run),
-             "best": run.best}
+             "best": run.best, "rollout_tokens": dict(run.rollout_tokens)}
     save_checkpoint(checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
 
 
@@ -286,6 +290,7 @@ def _resume(run: Run) -> bool:
         run.tracker.load_state_dict(state["tracker"])
         run.history, run.step = state["history"], int(state["step"])
         run.best = state.get("best", {})  # checkpoints written before checkpoint.export_best existed have none
+        run.rollout_tokens_before = {k: float(v) for k, v in state.get("rollout_tokens", {}).items()}
         return state
 
     found = resume_from(root, restore)  # the newest that verifies and loads; damaged newer ones are skipped (logged)

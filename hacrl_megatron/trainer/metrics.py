@@ -22,7 +22,7 @@ from typing import Any
 
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
-from hacrl_megatron.durable import OutOfSpaceError, free_bytes, megabytes
+from hacrl_megatron.durable import OutOfSpaceError, free_bytes, fsync_dir, megabytes
 
 logger = logging.getLogger(__name__)
 
@@ -92,12 +92,48 @@ def check_existing_metrics(path: Path) -> None:
     repair_torn_tail(path)
 
 
-class JsonlWriter:
-    """Appends one JSON object per line to ``path``; a failed write leaves no partial line behind."""
+def set_aside_replayed(path: Path, start_step: int) -> None:
+    """Keep one row per step: a run resumed at ``start_step`` logs the later steps again, so the rows an
+    earlier process wrote for them (after its last checkpoint; every row when it starts again from
+    step 0) move to ``<name>.replayed-<n>`` (kept, not lost). Lines that are not rows stay where they are."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return
+    keep: list[bytes] = []
+    replayed: list[bytes] = []
+    with open(path, "rb") as f:
+        for line in f:
+            try:
+                step = int(json.loads(line)["step"])
+            except (ValueError, KeyError, TypeError, RecursionError):
+                keep.append(line)
+                continue
+            (replayed if step > start_step or start_step == 0 else keep).append(line)
+    if not replayed:
+        return
+    n = 1
+    while path.with_name(f"{path.name}.replayed-{n}").exists():
+        n += 1
+    aside, tmp = path.with_name(f"{path.name}.replayed-{n}"), path.with_name(f".{path.name}.tmp{os.getpid()}")
+    for target, lines in ((aside, replayed), (tmp, keep)):
+        with open(target, "wb") as f:
+            f.writelines(lines)
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, path)  # the aside copy is durable before the rows leave the file
+    fsync_dir(path.parent)
+    logger.warning("%s: %d rows of steps this resumed run logs again (after step %d) moved to %s: one row per step",
+                   path, len(replayed), start_step, aside.name)
 
-    def __init__(self, path: Path) -> None:
+
+class JsonlWriter:
+    """Appends one JSON object per line to ``path``; a failed write leaves no partial line behind.
+    ``start_step``: where the run (re)starts; rows of later steps are set aside (:func:`set_aside_replayed`)."""
+
+    def __init__(self, path: Path, start_step: int | None = None) -> None:
         self.path = path
         check_existing_metrics(path)
+        if start_step is not None:
+            set_aside_replayed(path, start_step)
         self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
 
     def write(self, row: dict[str, Any]) -> None:
@@ -136,7 +172,7 @@ class MetricsLogger:
         self.out_dir = out_dir
         out_dir.mkdir(parents=True, exist_ok=True)
         self.cfg = exp.log
-        self._jsonl = JsonlWriter(out_dir / "metrics.jsonl") if self.cfg.jsonl else None
+        self._jsonl = JsonlWriter(out_dir / "metrics.jsonl", start_step) if self.cfg.jsonl else None
         self._tb = None
         if self.cfg.tensorboard:
             try:
