@@ -193,6 +193,8 @@ def resolve_data_files(name: str, path: str | None = None, split: str | None = N
         p = Path(path).expanduser()
         if p.is_file():
             return [p]
+        if p.suffix in _DATA_SUFFIXES and not p.exists():  # a file was meant: say so, not "no file in folder"
+            raise FileNotFoundError(f"benchmark {name!r}: no such file {p}")
         directory = p
     elif os.environ.get(DATA_DIR_ENV):
         directory = Path(os.environ[DATA_DIR_ENV]).expanduser() / name

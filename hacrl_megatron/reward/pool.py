@@ -64,6 +64,11 @@ logger = logging.getLogger(__name__)
 ScoreFn = Callable[[RewardRequest, str], float]
 _READY = "ready"
 MAX_STARTUP_FAILURES = 3  # start-up failures in a row of one worker slot before the pool gives up
+# a worker that dies at start-up without a word is most often a script calling hacrl (cli.main, train) at its
+# top level: spawned workers import the script again and run it, instead of starting
+EMPTY_STDERR_HINT = ("\n(no output: if a Python script of yours starts hacrl, put that call under "
+                     "`if __name__ == \"__main__\":`; worker processes are spawned, import the script again and "
+                     "would run it instead of starting)")
 MAX_USER_TIMEOUTS_IN_A_ROW = 4  # items a user's checker may leave unanswered in a row before the run stops
 STDERR_TAIL_CHARS = 4000
 _TOKEN_ENV = "HACRL_VERIFIER_WORKER"  # marks a worker's environment and so every process it starts
@@ -444,7 +449,7 @@ class VerifierPool:
             raise RuntimeError(
                 f"verifier worker {slot} failed to start {failures} times in a row (last one {what}); "
                 "check that hacrl_megatron, the reward backend and any custom scorer import in a fresh "
-                f"process. Its stderr:\n{stderr or '(empty)'}"
+                f"process. Its stderr:\n{stderr or '(empty)'}" + ("" if stderr else EMPTY_STDERR_HINT)
             )
         logger.warning("verifier worker %d %s during start-up (failure %d of %d in a row): starting another",
                        slot, what, failures, MAX_STARTUP_FAILURES)

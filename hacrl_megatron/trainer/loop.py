@@ -370,7 +370,7 @@ def _train(exp: ExperimentConfig, run_id: str = "") -> Run:
             metrics = guarded_step(run, train_step)  # a non-finite loss/grad/weights stops before the checkpoint
             if _evaluates(exp, run.step):
                 metrics.update(_evaluate(run, out))
-            summary = {n: metrics[f"{n}/reward_mean"] for n in run.names}
+            summary = {f"{n} reward": metrics[f"{n}/reward_mean"] for n in run.names}  # the progress bar's labels
             out.log(run.step, metrics, summary)
             out.log_samples(run.step, run.samples)
             every = exp.checkpoint.every

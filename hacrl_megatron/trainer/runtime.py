@@ -253,6 +253,8 @@ def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
     from hacrl_megatron.paths import atomic_save_dir
 
     tied = bool(getattr(rt.hf_config, "tie_word_embeddings", False))
+    for key in ("eos_token_id", "bos_token_id", "pad_token_id"):  # the agent's tokenizer, not the config class's
+        setattr(rt.hf_config, key, getattr(rt.tokenizer, key, None))  # defaults: generate() must stop at its end
     stream = ((name, t) for name, t in rt.trainer.export_hf_weights() if not (tied and name == "lm_head.weight"))
 
     def save(tmp: Path) -> None:

@@ -146,7 +146,7 @@ def test_hacrl_config_rejects_an_unknown_task(capsys):
 def test_hacrl_config_rejects_a_missing_data_path_and_a_path_for_a_procedural_task(tmp_path, capsys):
     missing = tmp_path / "nope.jsonl"
     assert main(["config", "data.task=math500", f"data.path={missing}", "data.allow_test_split=true"]) == 2
-    assert f"data.path='{missing}': benchmark 'math500' (split 'test'): no data file found" in _err(capsys)
+    assert f"data.path='{missing}': benchmark 'math500': no such file {missing}" in _err(capsys)
     assert main(["config", "data.task=addition", f"data.path={missing}"]) == 2
     assert "data.path=" in _err(capsys)
 
