@@ -66,6 +66,13 @@ UNFLUSHED = "the cache was not flushed"
 FLUSH_WAIT_S = 60.0
 
 
+def reported_as(reported: Any, sent: int) -> bool:
+    """Whether an id in SGLang's ``input_token_logprobs`` stands for the ``sent`` token: the same id, or 0,
+    which SGLang reports for the vocabulary's last id (``vocab_size - 1`` and above: its image-token
+    clipping, ``logprob_result_processor``); the log-prob beside it is the sent token's."""
+    return reported is not None and (int(reported) == int(sent) or int(reported) == 0)
+
+
 def release_tuple(version: str) -> tuple[int, ...]:
     """``"0.5.23"`` → (0, 5, 23); ``"0.5.15.post1"`` and ``"0.5.22rc1"`` → their first three numbers.
     Raises ValueError for text without a leading number."""
@@ -401,9 +408,11 @@ class SGLangEngine(ServerLifecycle):
             reply = reply[0]
         entries = (reply.get("meta_info") or {}).get("input_token_logprobs") or []
         tail = entries[-len(response_ids):]
-        if len(tail) != len(response_ids) or [int(e[1]) for e in tail] != [int(t) for t in response_ids]:
+        if len(tail) != len(response_ids) or not all(reported_as(e[1], t) for e, t in zip(tail, response_ids)):
             raise SGLangError(f"SGLang /generate input_token_logprobs do not line up with the {len(response_ids)} "
-                              f"response tokens (got {len(entries)} entries); cannot score the probe sequence")
+                              f"response tokens (got {len(entries)} entries for logprob_start_len="
+                              f"{len(prompt_ids) - 1}: ids {[e[1] for e in entries]}, sent {ids}); cannot score "
+                              "the probe sequence")
         return float(sum(float(e[0]) for e in tail))
 
     def stats(self) -> dict[str, Any]:

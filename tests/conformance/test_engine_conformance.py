@@ -121,6 +121,22 @@ def test_input_logprobs_equal_the_trainers_per_token(target, tok, model_dir):
     assert max(gaps) <= PER_TOKEN
 
 
+def test_the_vocabularys_last_token_is_scored_like_any_other(target, tok, model_dir):
+    """SGLang reports the id vocab_size - 1 as 0 in input_token_logprobs (found by hacrl train with the
+    qwen3 agent's pair tokenizer); its log-prob is still the sent token's, and the client scores it."""
+    client = target.client(tok)
+    load(client, model_dir)
+    model = hf_model(model_dir)
+    top = model.config.vocab_size - 1
+    ids = prompts(tok)[0][:5] + [top, 7, top]
+    want = trainer_token_logprobs(model, ids, 5)
+    assert client.sequence_logprob(ids[:5], ids[5:]) == pytest.approx(sum(want), abs=PER_TOKEN * 3)
+    if target.speaks_sglang:
+        reply = client.post("/generate", {"input_ids": ids, "return_logprob": True, "logprob_start_len": 4,
+                                          "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}})
+        assert [e[1] for e in reply["meta_info"]["input_token_logprobs"]] == [ids[4], 0, 7, 0]
+
+
 def test_disk_update_then_logprobs_on_the_new_weights(target, tok, model_dir, other_dir):
     client = target.client(tok)
     load(client, model_dir)
