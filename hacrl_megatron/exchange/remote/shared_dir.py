@@ -1,0 +1,86 @@
+"""``shared_dir`` backend: one JSON file per (step, agent) in a folder every job can reach.
+
+Layout: ``<dir>/<run_id>/step-<step:08d>.<agent>.json``, human-readable (one field per line). A
+record is written to a hidden temporary file in the same folder, flushed and fsynced, then renamed
+over its final name: POSIX rename is atomic, so a reader sees the old file, the new file or none,
+never a part of one, and two writers of the same name leave one of their records whole. Any POSIX
+filesystem the jobs share works (NFS, Lustre, GPFS: rename within one folder is atomic there too).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+from pathlib import Path
+
+from hacrl_megatron.durable import fsync_dir
+from hacrl_megatron.errors import InputError
+from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits
+from hacrl_megatron.exchange.remote.store import ExchangeStore
+
+_NAME_RE = re.compile(r"step-(\d{8})\.([A-Za-z_][A-Za-z0-9_]*)\.json")
+_TMP_PREFIX = ".tmp-"
+
+
+class SharedDirStore(ExchangeStore):
+    """Records of run ``run_id`` under ``root``/``run_id``/ (created if absent)."""
+
+    backend = "shared_dir"
+
+    def __init__(self, root: str | os.PathLike, run_id: str, *, key: bytes | None = None,
+                 limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(run_id, key=key, limits=limits)
+        root = Path(root)
+        if root.exists() and not root.is_dir():
+            raise InputError(f"exchange.dir {root}: exists and is not a folder")
+        self.folder = root / self.run_id
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except OSError as err:
+            raise InputError(f"exchange.dir {root}: cannot create {self.folder} ({err.strerror})") from None
+
+    def path(self, step: int, agent: str) -> Path:
+        return self.folder / f"step-{step:08d}.{agent}.json"
+
+    def _put(self, step: int, agent: str, data: bytes) -> None:
+        final = self.path(step, agent)
+        # a name no other writer (process or thread, on any host) can pick: pid plus 64 random bits
+        tmp = self.folder / f"{_TMP_PREFIX}{final.name}.{os.getpid()}.{secrets.token_hex(8)}"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.replace(tmp, final)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+        fsync_dir(self.folder)  # the rename itself survives a crash of this node
+
+    def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
+        path = self.path(step, agent)
+        try:
+            with open(path, "rb") as f:
+                return f.read(self.limits.max_bytes + 1), str(path)  # +1: an oversized file is seen as such
+        except FileNotFoundError:
+            return None
+
+    def _steps(self, agent: str) -> list[int]:
+        steps = []
+        for name in os.listdir(self.folder):
+            m = _NAME_RE.fullmatch(name)
+            if m and m.group(2) == agent:
+                steps.append(int(m.group(1)))
+        return sorted(steps)
+
+    def _delete(self, step: int, agent: str) -> None:
+        self.path(step, agent).unlink(missing_ok=True)
+        # a temporary file left by a writer of this (step, agent) that died before its rename
+        for name in os.listdir(self.folder):
+            if name.startswith(f"{_TMP_PREFIX}{self.path(step, agent).name}."):
+                (self.folder / name).unlink(missing_ok=True)

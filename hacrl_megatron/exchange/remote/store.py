@@ -1,0 +1,215 @@
+"""The exchange store interface every backend implements, its wait result, and the in-process backend.
+
+Per step each agent's job publishes its :class:`~.record.PeerRecord` and waits for its peers'
+records of the same step. :class:`ExchangeStore` is that contract: ``publish`` / ``read`` /
+``wait_for`` / ``prune``; the backends differ only in where the bytes live (``local``: this
+process's memory; ``shared_dir``: one JSON file per (step, agent) in a folder every job can reach;
+``redis``: one key per (step, agent) on a Redis server).
+
+A bad record (damaged, forged, of another run or step) never stops a wait: it is refused with its
+one-line reason, logged, and its author stays missing unless a valid record replaces it before the
+wait ends (a peer's later atomic write does); :class:`WaitResult` reports both.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from hacrl_megatron.errors import InputError
+from hacrl_megatron.exchange.remote.record import (
+    DEFAULT_LIMITS,
+    ExchangeRecordError,
+    Limits,
+    PeerRecord,
+    parse_record,
+)
+
+log = logging.getLogger(__name__)
+
+# run ids and agent names become file names and Redis keys: a closed, path-safe alphabet
+RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+AGENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the config's identifier rule, ASCII only
+POLL_FIRST_S, POLL_MAX_S = 0.01, 0.25  # poll back-off: quick when peers are close, cheap when they are far
+
+
+def check_run_id(run_id: str) -> str:
+    if not isinstance(run_id, str) or not RUN_ID_RE.fullmatch(run_id):
+        raise InputError(f"exchange run id {run_id!r}: must match {RUN_ID_RE.pattern} (it names folders and keys)")
+    return run_id
+
+
+def check_agent(agent: str) -> str:
+    if not isinstance(agent, str) or not AGENT_RE.fullmatch(agent):
+        raise InputError(f"exchange agent name {agent!r}: must match {AGENT_RE.pattern}")
+    return agent
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """What :meth:`ExchangeStore.wait_for` found for one step.
+
+    Fields:
+        records: peer name → its valid record, for the peers whose record arrived in time.
+        missing: the peers without a valid record when the wait ended (in the order asked).
+        refused: peer name → the one-line reason its latest record was refused (a subset of missing).
+        waited_s: seconds spent waiting.
+    """
+
+    records: dict[str, PeerRecord]
+    missing: tuple[str, ...]
+    refused: dict[str, str] = field(default_factory=dict)
+    waited_s: float = 0.0
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing
+
+
+class ExchangeStore(ABC):
+    """Records of one run, keyed by (step, agent). Subclasses store bytes (``_put``/``_get``/``_steps``/
+    ``_delete``); checking, signing and waiting live here so every backend refuses the same records."""
+
+    backend = ""
+
+    def __init__(self, run_id: str, *, key: bytes | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.run_id = check_run_id(run_id)
+        self.key = key
+        self.limits = limits
+        self._refusals_logged: set[tuple[int, str, str]] = set()
+
+    def publish(self, record: PeerRecord) -> None:
+        """Store ``record`` (signed when the store has a key), replacing any earlier one of its (step, agent)."""
+        if record.run_id != self.run_id:
+            raise ValueError(f"exchange: record of run {record.run_id!r} published to run {self.run_id!r}")
+        data = record.to_json(self.key)
+        if len(data) > self.limits.max_bytes:
+            raise ValueError(f"exchange: agent {record.agent!r}'s record of step {record.step} is {len(data)} bytes, "
+                             f"more than the limit of {self.limits.max_bytes}")
+        self._put(record.step, check_agent(record.agent), data)
+
+    def read(self, step: int, agent: str) -> PeerRecord | None:
+        """``agent``'s record of ``step``; None when there is none yet. Raises :class:`ExchangeRecordError`
+        (one line naming ``agent`` and the field) for a record that fails a check."""
+        found = self._get(step, check_agent(agent))
+        if found is None:
+            return None
+        data, origin = found
+        return parse_record(data, run_id=self.run_id, step=step, agent=agent, origin=origin, key=self.key,
+                            limits=self.limits)
+
+    def wait_for(self, step: int, peers: Sequence[str], wait_s: float) -> WaitResult:
+        """Wait at most ``wait_s`` seconds (≥ 0; 0 looks once) for every peer's valid record of ``step``."""
+        if not wait_s >= 0:
+            raise ValueError(f"exchange.wait_s={wait_s!r}: must be >= 0")
+        start = time.monotonic()
+        deadline, pause = start + wait_s, POLL_FIRST_S
+        records: dict[str, PeerRecord] = {}
+        refused: dict[str, str] = {}
+        while True:
+            for peer in peers:
+                if peer in records:
+                    continue
+                try:
+                    record = self.read(step, peer)
+                except ExchangeRecordError as err:
+                    refused[peer] = str(err)
+                    self._log_refusal(step, peer, str(err))
+                    continue
+                if record is not None:
+                    records[peer] = record
+                    refused.pop(peer, None)
+            left = deadline - time.monotonic()
+            if len(records) == len(peers) or left <= 0:
+                break
+            self._sleep(step, min(pause, left))
+            pause = min(pause * 2, POLL_MAX_S)
+        missing = tuple(p for p in peers if p not in records)
+        return WaitResult(records, missing, {p: refused[p] for p in missing if p in refused},
+                          time.monotonic() - start)
+
+    def prune(self, agent: str, step: int, keep_steps: int) -> int:
+        """Delete ``agent``'s records older than the last ``keep_steps`` steps up to ``step`` (steps
+        ≤ step − keep_steps); returns how many. Each job prunes only its own records: a peer that
+        resumes from an older checkpoint re-reads those it still needs."""
+        if keep_steps < 1:
+            raise ValueError(f"exchange.keep_steps={keep_steps!r}: must be >= 1")
+        old = [s for s in self._steps(check_agent(agent)) if s <= step - keep_steps]
+        for s in old:
+            self._delete(s, agent)
+        return len(old)
+
+    def close(self) -> None:  # noqa: B027 - a hook: only backends with connections override it
+        """Release connections; the records stay."""
+
+    def __enter__(self) -> ExchangeStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _sleep(self, step: int, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def _log_refusal(self, step: int, peer: str, message: str) -> None:
+        if (step, peer, message) not in self._refusals_logged:  # once per distinct refusal, not once per poll
+            self._refusals_logged.add((step, peer, message))
+            log.warning("%s", message)
+
+    @abstractmethod
+    def _put(self, step: int, agent: str, data: bytes) -> None:
+        """Store ``data`` as (step, agent)'s record, all or nothing."""
+
+    @abstractmethod
+    def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
+        """(bytes, origin for messages) of (step, agent)'s record, at most ``limits.max_bytes + 1`` bytes; None if absent."""
+
+    @abstractmethod
+    def _steps(self, agent: str) -> list[int]:
+        """The steps ``agent`` has records of."""
+
+    @abstractmethod
+    def _delete(self, step: int, agent: str) -> None:
+        """Remove (step, agent)'s record if present."""
+
+
+class LocalStore(ExchangeStore):
+    """In-process backend: every agent under one controller (today's path) behind the same interface.
+
+    Records are kept as the same checked JSON bytes the other backends store, so a record that
+    passes here passes everywhere; a publish wakes a waiting thread at once instead of a poll.
+    """
+
+    backend = "local"
+
+    def __init__(self, run_id: str, *, key: bytes | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+        super().__init__(run_id, key=key, limits=limits)
+        self._data: dict[tuple[int, str], bytes] = {}
+        self._cond = threading.Condition()
+
+    def _put(self, step: int, agent: str, data: bytes) -> None:
+        with self._cond:
+            self._data[(step, agent)] = data
+            self._cond.notify_all()
+
+    def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
+        with self._cond:
+            data = self._data.get((step, agent))
+        return None if data is None else (data, f"local step {step}")
+
+    def _steps(self, agent: str) -> list[int]:
+        with self._cond:
+            return sorted(s for s, a in self._data if a == agent)
+
+    def _delete(self, step: int, agent: str) -> None:
+        with self._cond:
+            self._data.pop((step, agent), None)
+
+    def _sleep(self, step: int, seconds: float) -> None:
+        with self._cond:
+            self._cond.wait(seconds)
