@@ -138,6 +138,10 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
             raise _BadInput(f"--model needs --{name} >= 1 (got {value})")
     if args.overrides:
         raise _BadInput(f"overrides {args.overrides} need --preset (--model takes a layout, not a config)")
+    for name, least in (("seq_len", 4), ("micro_batch_size", 1), ("global_batch", 1), ("engine_tp", 1)):
+        value = getattr(args, name)  # a prompt and a response of >= 1 token each; 0 divided later
+        if value is not None and value < least:
+            raise _BadInput(f"--{name.replace('_', '-')}={value}: must be >= {least}")
     name = os.path.basename(os.path.normpath(os.path.dirname(args.model) if args.model.endswith(".json")
                                              else args.model)) or "model"
     spec = arch_from_config(args.model)

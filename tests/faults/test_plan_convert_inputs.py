@@ -94,3 +94,14 @@ def test_plan_refuses_a_cluster_it_cannot_search_in_bounded_time(capsys, option,
     assert main(["plan", "--preset", "cpu_demo", "--gpu-memory-gib", "80", *[x for kv in args.items() for x in kv]]) == 2
     assert time.monotonic() - start < 10
     assert _one_line(capsys, "hacrl plan: ").startswith(f"hacrl plan: {option}={value}: at most ")
+
+
+@pytest.mark.parametrize("option, value, least", [
+    ("--seq-len", "0", 4), ("--seq-len", "-5", 4), ("--global-batch", "0", 1), ("--micro-batch-size", "0", 1),
+    ("--engine-tp", "0", 1),
+])
+def test_plan_refuses_a_workload_that_is_no_workload(tmp_path, capsys, option, value, least):
+    folder = _model(tmp_path, LLAMA)
+    assert main(["plan", "--model", folder, "--tp", "1", "--pp", "1", "--dp", "1", "--gpu-memory-gib", "80",
+                 option, value]) == 2
+    assert _one_line(capsys, "hacrl plan: ") == f"hacrl plan: {option}={value}: must be >= {least}"
