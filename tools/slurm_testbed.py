@@ -46,7 +46,7 @@ PACKAGES = ("slurmctld", "slurmd", "slurm-client", "slurmdbd", "munge", "mariadb
 BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "sacctmgr", "mariadbd",
             "mariadb-install-db")
 RAY_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "runtime-env-agent-port",
-                  "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "ray-client-server-port")
+                  "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "ray-client-server-port", "dashboard-port")
 RAY_PORTS_PER_NODE = 32  # RAY_PORT_FLAGS, then min/max-worker-port over the rest
 
 
@@ -171,7 +171,7 @@ ReturnToService=2
 SlurmctldTimeout=60
 SlurmdTimeout=120
 InactiveLimit=0
-KillWait=10
+KillWait=30
 MinJobAge=600
 JobRequeue=0
 AccountingStorageType=accounting_storage/slurmdbd
@@ -212,6 +212,8 @@ StorageLoc=slurm_acct_db
             block = ray_port_block(ip)
             flags = [f"--{f}={p}" for f, p in zip(RAY_PORT_FLAGS, block)]
             flags += [f"--min-worker-port={block[len(RAY_PORT_FLAGS)]}", f"--max-worker-port={block[-1]}"]
+            # --temp-dir on every node: a worker node without one uses the head's folder, and two
+            # raylets on one machine would share its socket files
             args = " ".join([f"--temp-dir=/tmp/hsb{tag}_{node}", f"--num-cpus={self.ray_cpus}", *flags])
             lines.append(f'  {node}) echo "export HACRL_RAY_START_ARGS={args}" ;;')
         lines += ["esac", ""]
@@ -302,6 +304,8 @@ StorageLoc=slurm_acct_db
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"], host=CTLD_HOST)
         self._wait("slurmctld", lambda: _port_open(CTLD_ADDR, self.ctld_port), timeout_s, ("slurmctld",))
         for node in NODES:
+            # not niced: Ray's raylet gives its dashboard agent a fixed 15 s to start, which a niced
+            # job on a busy machine misses (the raylet then exits and `ray start` fails)
             self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node], host=node)
         self._wait("nodes n1 and n2 idle", lambda: self.node_states() == {n: "idle" for n in NODES}, timeout_s,
                    tuple(self.procs))

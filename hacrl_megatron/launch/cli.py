@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         f"default ${IMAGE_ENV} or {IMAGE_NAME}:<version>")
     g.add_argument("--mount", action="append", default=[], metavar="SRC:DST",
                    help="container mount / docker volume (repeatable)")
-    g.add_argument("--job-dir", help="job files directory on the cluster's shared filesystem (slurm)")
+    g.add_argument("--job-dir", help="job files directory on the cluster's shared filesystem (slurm; submitting "
+                                     "from the login node it is the experiment folder, as --base-dir)")
     g.add_argument("--ssh-host", help="submit over SSH to this login node (slurm; needs --ssh-user, --job-dir)")
     g.add_argument("--ssh-user", help="SSH user (slurm)")
     g.add_argument("--packager", choices=("git", "none"), default="git",
@@ -129,6 +130,10 @@ def _check_slurm_flags(args: argparse.Namespace) -> None:
         if given:
             raise ValueError(f"{' and '.join(given)}: Slurm options (--executor slurm)")
         return
+    if args.job_dir and args.base_dir and not (args.ssh_host or args.dryrun) and \
+            os.path.abspath(args.job_dir) != os.path.abspath(args.base_dir):
+        raise ValueError("--job-dir and --base-dir: a Slurm job submitted from this machine keeps its files in one "
+                         "folder (<folder>/experiments/<name>/<id>); give one of them")
     if args.requeue and not resumes(args):
         raise ValueError("--requeue needs checkpoint.resume=true: Slurm restarts a requeued job from the start, and "
                          "without resume it would train from scratch (or be refused its own run folder)")

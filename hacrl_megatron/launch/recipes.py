@@ -109,6 +109,33 @@ def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: 
     return {"head_gpu_ids": head, "placement": plan.describe()}
 
 
+def local_slurm_base_dir(executor: Any, base_dir: str | None, dryrun: bool = False) -> str | None:
+    """The experiment folder of a Slurm job submitted from this machine (a ``LocalTunnel``), made the
+    folder sbatch reads the job's files from; other executors: ``base_dir`` unchanged.
+
+    NeMo-Run writes the files under ``<base_dir>/experiments/<name>/<id>`` but submits
+    ``<tunnel job_dir>/<name>/<id>/<name>_sbatch.sh``, copying between them only over SSH; on the
+    login node both must be one folder. The job folder (``SlurmJob.job_dir``) is the experiment
+    folder when given, else ``base_dir`` (default: NeMo-Run's home). When both are given and differ,
+    a dry run writes under ``base_dir`` a script naming the job folder; a submission is refused
+    (ValueError).
+    """
+    run = require_nemo_run()
+    tunnel = getattr(executor, "tunnel", None)
+    if not isinstance(executor, run.SlurmExecutor) or not isinstance(tunnel, run.LocalTunnel):
+        return base_dir
+    if tunnel.job_dir and base_dir and os.path.abspath(tunnel.job_dir) != os.path.abspath(base_dir):
+        if dryrun:
+            return base_dir
+        raise ValueError(f"job_dir={tunnel.job_dir!r} and base_dir={base_dir!r}: a Slurm job submitted from this "
+                         "machine keeps its files in one folder; give one of them")
+    from nemo_run.config import get_nemorun_home
+
+    base = os.path.abspath(base_dir or tunnel.job_dir or get_nemorun_home())
+    tunnel.job_dir = os.path.join(base, "experiments")
+    return base
+
+
 @contextlib.contextmanager
 def _sbatch_requeue_agrees() -> Iterator[None]:
     """While it is open, every sbatch request NeMo-Run renders and submits carries ``--requeue`` on
@@ -156,6 +183,7 @@ def launch_train(preset: str | None, overrides: list[str] | None, executor: Any,
     run = require_nemo_run()
     task = build_task(preset, overrides, executor, subcommand=subcommand, ray_cluster=ray_cluster,
                       extra_args=extra_args, **ray_script)
+    base_dir = local_slurm_base_dir(executor, base_dir, dryrun)
     # exp._id / exp._exp_dir: NeMo-Run 0.11 has no public accessor for the id it prints and stores
     slurm = _sbatch_requeue_agrees() if isinstance(executor, run.SlurmExecutor) else contextlib.nullcontext()
     with slurm, run.Experiment(name, base_dir=base_dir, log_level="WARN") as exp:

@@ -15,6 +15,13 @@ count>`` in the job's folder (NeMo-Run's job directory, on the shared filesystem
 with mode 0600; each other node waits for the head's port, reads the file, and the head removes it
 when the command ends.
 
+Addresses come from Slurm, not from the host's interfaces: every node's Ray binds the address
+:func:`~hacrl_megatron.launch.node_address.node_address` finds (``$HACRL_RAY_NODE_IP``, else the
+``--socket-ifname`` interface's, else the ``NodeAddr`` of ``$SLURMD_NODENAME``); a node without one
+stops the job with one line naming it. The head's address (``$HACRL_RAY_HEAD_IP`` when set) goes to
+``ray_head.<job id>.<restart count>`` in the job's folder before its port opens, where the other
+nodes read it; the head removes it at the end.
+
 This mirrors NeMo-Run's Ray-on-Slurm templates (``SlurmRay`` launcher, ``ray.sub.j2``) but needs no
 particular container layout and propagates the exit status (NeMo-Run's ``slurm_ray.sh.j2`` does
 not). Helpers run as ``python -m hacrl_megatron.launch.slurm_ray ip|wait``.
@@ -29,7 +36,7 @@ import socket
 import sys
 import time
 
-from hacrl_megatron.agents.ray_placement import require_ray
+from hacrl_megatron.launch.node_address import NodeAddressError, node_address
 
 _SCRIPT = r"""# hacrl: one Ray node per Slurm task; node 0 is the head and runs the command (slurm_ray.py)
 set -uo pipefail
@@ -67,14 +74,20 @@ RAY_PID=""
 stop_ray() { if [ -n "$RAY_PID" ]; then kill -TERM "$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi; }
 forget_token() { if [ -n "$WROTE_TOKEN" ]; then rm -f "$TOKEN_FILE"; fi; }
 head_up() { (exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null; }
-__HELPERS__if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
-  HEAD_HOST=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-else
-  HEAD_HOST=$(hostname)
-fi
-if [ "$NODEID" = "0" ]; then
-  HEAD_IP="${HACRL_RAY_HEAD_IP:-$("$PY" -m hacrl_megatron.launch.slurm_ray ip)}" || exit 1
+# the head's address, for the other nodes: written by the head before its port opens, removed at the end
+HEAD_FILE="$JOB_DIR/ray_head.${SLURM_JOB_ID:-local}.${SLURM_RESTART_COUNT:-0}"
+WROTE_HEAD=""
+forget_head() { if [ -n "$WROTE_HEAD" ]; then rm -f "$HEAD_FILE"; fi; }
+# this node's address as Slurm knows it ($HACRL_RAY_NODE_IP, else __ADDRESS_SOURCE__);
+# one line naming the node and exit 1 when there is none
+node_ip() { "$PY" -m hacrl_megatron.launch.slurm_ray ip __IP_ARGS__; }
+__HELPERS__if [ "$NODEID" = "0" ]; then
+  trap 'stop_ray; forget_token; forget_head; exit 143' TERM
+  HEAD_IP="${HACRL_RAY_HEAD_IP:-$(node_ip)}" || exit 1
   export RAY_ADDRESS="$HEAD_IP:$PORT"
+  # a one-node job outside Slurm runs on 127.0.0.1, which Ray would turn into the machine's network
+  # address unless its single-machine mode is on (agents/ray_placement.py does the same)
+  if [ "$HEAD_IP" = "127.0.0.1" ]; then export RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0; fi
   if [ "$RAY_AUTH_MODE" = "token" ] && [ -z "${RAY_AUTH_TOKEN:-}" ]; then
     # before the port opens: the workers wait for the head's port, then read the file
     RAY_AUTH_TOKEN=$("$PY" -c 'import secrets; print(secrets.token_hex(32))') || exit 1
@@ -84,25 +97,37 @@ if [ "$NODEID" = "0" ]; then
     fi
     WROTE_TOKEN=1
   fi
+  if ! (printf '%s\n' "$HEAD_IP" > "$HEAD_FILE.tmp" && mv -f "$HEAD_FILE.tmp" "$HEAD_FILE"); then
+    echo "[hacrl] cannot write the Ray head's address to $HEAD_FILE" >&2; forget_token; exit 1
+  fi
+  WROTE_HEAD=1
   echo "[hacrl] starting the Ray head at $RAY_ADDRESS for $NNODES node(s)"
   __HEAD_GPUS__"${RAY[@]}" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" \
       --include-dashboard=false "${RAY_ARGS[@]}" __HEAD_ARGS__&
   RAY_PID=$!
-  trap 'stop_ray; forget_token; exit 143' TERM
   if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT"; then
-    stop_ray; forget_token; exit 1
+    stop_ray; forget_token; forget_head; exit 1
   fi
   __COMMAND__
   rc=$?
   echo "[hacrl] command exited with status $rc; stopping Ray"
   stop_ray
   forget_token
+  forget_head
   exit $rc
 else
-  HEAD_IP="${HACRL_RAY_HEAD_IP:-$(getent hosts "$HEAD_HOST" | awk '{print $1; exit}')}"
-  HEAD_IP="${HEAD_IP:-$HEAD_HOST}"
-  export RAY_ADDRESS="$HEAD_IP:$PORT"
+  NODE_IP=$(node_ip) || exit 1
   deadline=$((SECONDS + TIMEOUT))
+  if [ -n "${HACRL_RAY_HEAD_IP:-}" ]; then
+    HEAD_IP="$HACRL_RAY_HEAD_IP"
+  else
+    until [ -s "$HEAD_FILE" ]; do  # a shared filesystem may lag
+      if [ "$SECONDS" -ge "$deadline" ]; then echo "[hacrl] no Ray head address in $HEAD_FILE after ${TIMEOUT}s" >&2; exit 1; fi
+      sleep 2
+    done
+    HEAD_IP=$(cat "$HEAD_FILE") || exit 1
+  fi
+  export RAY_ADDRESS="$HEAD_IP:$PORT"
   until head_up; do
     if [ "$SECONDS" -ge "$deadline" ]; then echo "[hacrl] no Ray head at $RAY_ADDRESS after ${TIMEOUT}s" >&2; exit 1; fi
     sleep 2
@@ -115,12 +140,12 @@ else
     RAY_AUTH_TOKEN=$(cat "$TOKEN_FILE") || exit 1
     export RAY_AUTH_TOKEN
   fi
-  "${RAY[@]}" start --block --address="$RAY_ADDRESS" "${RAY_ARGS[@]}" &
+  "${RAY[@]}" start --block --address="$RAY_ADDRESS" --node-ip-address="$NODE_IP" "${RAY_ARGS[@]}" &
   RAY_PID=$!
   trap 'stop_ray; exit 0' TERM
   # leave as soon as the head is gone (before srun --wait=60 would kill this task)
   while kill -0 "$RAY_PID" 2>/dev/null && head_up; do sleep 5; done
-  if head_up; then echo "[hacrl] Ray on $(hostname) exited while the head is up" >&2; wait "$RAY_PID"; exit 1; fi
+  if head_up; then echo "[hacrl] Ray on ${SLURMD_NODENAME:-$(hostname)} exited while the head is up" >&2; wait "$RAY_PID"; exit 1; fi
   stop_ray
   exit 0
 fi
@@ -174,6 +199,9 @@ def ray_cluster_script(command: list[str], *, python: str = "python", port: int 
     fill = {
         "__HELPERS__": _VISIBLE_IDS if head_gpus else "",
         "__SOCKET__": socket,
+        "__IP_ARGS__": f"--ifname {shlex.quote(socket_ifname)}" if socket_ifname else "",
+        "__ADDRESS_SOURCE__": (f"the address of interface {socket_ifname}" if socket_ifname else
+                               "the NodeAddr of $SLURMD_NODENAME"),
         "__PLACEMENT__": lines,
         "__HEAD_GPUS__": head_gpus,
         "__HEAD_ARGS__": head_args,
@@ -189,24 +217,6 @@ def ray_cluster_script(command: list[str], *, python: str = "python", port: int 
     return script
 
 
-def node_ip() -> str:
-    """This node's address as other nodes reach it: the source address of the default route,
-    else the host name's address when that is not loopback (no packet is sent)."""
-    try:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect(("10.255.255.255", 1))
-            ip = s.getsockname()[0]
-        if not ip.startswith("127."):
-            return ip
-    except OSError:
-        pass
-    ip = socket.gethostbyname(socket.gethostname())
-    if ip.startswith("127."):
-        raise RuntimeError(f"cannot find a non-loopback address of {socket.gethostname()} (got {ip}); "
-                           "set HACRL_RAY_HEAD_IP")
-    return ip
-
-
 def _port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=2.0):
@@ -220,6 +230,8 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
 
     Raises TimeoutError naming how many joined (look at the missing nodes' Slurm logs).
     """
+    from hacrl_megatron.agents.ray_placement import require_ray  # imports torch: not for the `ip` helper
+
     ray = require_ray()
     deadline = time.monotonic() + timeout_s
     host, _, port = address.rpartition(":")
@@ -245,14 +257,21 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hacrl_megatron.launch.slurm_ray")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("ip", help="print this node's address for the Ray head")
+    a = sub.add_parser("ip", help="print this node's address (node_address.py: $HACRL_RAY_NODE_IP, the "
+                                  "--ifname interface, else Slurm's NodeAddr of $SLURMD_NODENAME)")
+    a.add_argument("--ifname", help="NCCL-style interface list (--socket-ifname)")
+    a.add_argument("--node", help="Slurm node name (default $SLURMD_NODENAME)")
     w = sub.add_parser("wait", help="wait until N Ray nodes are alive")
     w.add_argument("--address", required=True)
     w.add_argument("--nodes", type=int, required=True)
     w.add_argument("--timeout", type=float, default=600.0)
     args = parser.parse_args(argv)
     if args.cmd == "ip":
-        print(node_ip())
+        try:
+            print(node_address(ifname=args.ifname, node=args.node))
+        except NodeAddressError as err:
+            print(f"[hacrl] {err}", file=sys.stderr)
+            return 1
         return 0
     try:
         alive = wait_for_nodes(args.address, args.nodes, args.timeout)

@@ -38,7 +38,7 @@ def _node_args(name: str) -> tuple[str, str]:
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM", "RAY_", "HACRL_RAY"))}
     env.update(PYTHONPATH=PACKAGE_ROOT, RAY_AUTH_MODE="token", **extra)
     return env
 
@@ -80,11 +80,13 @@ def test_worker_node_joins_and_leaves_when_the_head_is_done(tmp_path):
     token = uuid.uuid4().hex
     (head_args, head_temp), (worker_args, worker_temp) = _node_args("h"), _node_args("w")
     common = dict(RAY_AUTH_TOKEN=token, SLURM_NNODES="2")
-    head = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="0", HACRL_RAY_START_ARGS=head_args, **common),
+    # two "nodes" on their own loopback addresses (HACRL_RAY_NODE_IP: no Slurm to ask); the worker is
+    # told the head's address
+    head = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="0", HACRL_RAY_START_ARGS=head_args,
+                                                            HACRL_RAY_NODE_IP="127.0.0.2", **common),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ip = subprocess.run([sys.executable, "-m", "hacrl_megatron.launch.slurm_ray", "ip"], env=_env(),
-                        capture_output=True, text=True, check=True).stdout.strip()
-    worker = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="1", HACRL_RAY_HEAD_IP=ip,
+    worker = subprocess.Popen(["bash", str(script)], env=_env(SLURM_NODEID="1", HACRL_RAY_HEAD_IP="127.0.0.2",
+                                                              HACRL_RAY_NODE_IP="127.0.0.3",
                                                               HACRL_RAY_START_ARGS=worker_args, **common),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

@@ -94,7 +94,11 @@ def test_token_file_steps_in_the_script():
     # the head writes it (umask 077: mode 0600) and renames it into place before its port opens
     write = head.index('umask 077 && printf')
     assert write < head.index("start --head") and 'mv -f "$TOKEN_FILE.tmp" "$TOKEN_FILE"' in head
-    assert head.index("forget_token\n  exit $rc") > head.index("stop_ray\n  forget_token")
+    assert head.index("forget_token\n  forget_head\n  exit $rc") > head.index("stop_ray\n  forget_token")
+    # the head's address file: written after the token and before the port opens, read by the workers
+    assert write < head.index('mv -f "$HEAD_FILE.tmp" "$HEAD_FILE"') < head.index("start --head")
+    assert worker.index('HEAD_IP=$(cat "$HEAD_FILE")') < worker.index("until head_up")
+    assert 'start --block --address="$RAY_ADDRESS" --node-ip-address="$NODE_IP"' in worker
     # a worker waits for the head's port, then for the file, then starts Ray with the token
     assert worker.index("until head_up") < worker.index('until [ -s "$TOKEN_FILE" ]') < worker.index("start --block")
     assert 'RAY_AUTH_TOKEN=$(cat "$TOKEN_FILE")' in worker
@@ -142,19 +146,21 @@ def test_head_writes_a_private_token_file_and_removes_it(tmp_path):
     assert out.returncode == 2, out.stdout[-3000:] + out.stderr[-3000:]
     assert "MODE 0o600 SAME True NODES 1" in out.stdout  # the driver holds the token the file holds
     assert not token.exists() and not list(tmp_path.glob("ray_auth_token*"))
+    assert not list(tmp_path.glob("ray_head*"))  # the head's address file is gone too
+    assert "starting the Ray head at 127.0.0.1:" in out.stdout  # one node outside Slurm: loopback
 
 
 @pytest.mark.slow
 def test_worker_reads_the_token_file_and_joins(tmp_path):
     script, token = _job_script(tmp_path)
+    # two "nodes" on their own loopback addresses (no Slurm to ask); the worker reads the head's address
+    # from its file
     common = dict(SLURM_JOB_ID="77", SLURM_NNODES="2", PROBE_TOKEN_FILE=str(token))
     head = subprocess.Popen(["bash", str(script)], env=_ray_env(SLURM_NODEID="0", HACRL_RAY_START_ARGS=_node_args("h"),
-                                                                **common),
+                                                                HACRL_RAY_NODE_IP="127.0.0.2", **common),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    ip = subprocess.run([sys.executable, "-m", "hacrl_megatron.launch.slurm_ray", "ip"], env=_ray_env(),
-                        capture_output=True, text=True, check=True).stdout.strip()
-    worker = subprocess.Popen(["bash", str(script)], env=_ray_env(SLURM_NODEID="1", HACRL_RAY_HEAD_IP=ip,
-                                                                  HACRL_RAY_START_ARGS=_node_args("w"), **common),
+    worker = subprocess.Popen(["bash", str(script)], env=_ray_env(SLURM_NODEID="1", HACRL_RAY_START_ARGS=_node_args("w"),
+                                                                  HACRL_RAY_NODE_IP="127.0.0.3", **common),
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         head_out, _ = head.communicate(timeout=300)
@@ -166,7 +172,7 @@ def test_worker_reads_the_token_file_and_joins(tmp_path):
     assert head.returncode == 3, head_out[-3000:]  # the worker joined with the head's token: 2 nodes
     assert "MODE 0o600 SAME True NODES 2" in head_out
     assert worker.returncode == 0, worker_out[-3000:]
-    assert not token.exists()
+    assert not token.exists() and not (tmp_path / "ray_head.77.0").exists()
 
 
 # --------------------------------------------------------------------------------------------
@@ -195,8 +201,8 @@ def _launch(tmp_path, *extra: str, overrides: tuple[str, ...] = (), submit: bool
     from hacrl_megatron.launch import cli
 
     argv = ["--preset", PRESET, *overrides, "--executor", "slurm", "--account", "acct", "--nodes", "9",
-            "--gpus-per-node", "8", "--packager", "none", "--job-dir", str(tmp_path / "jobs"), "--base-dir",
-            str(tmp_path / "exp"), "--name", "h70", *extra, "--detach" if submit else "--dryrun"]
+            "--gpus-per-node", "8", "--packager", "none", "--job-dir", str(tmp_path / "exp"), "--name", "h70", *extra,
+            "--detach" if submit else "--dryrun"]
     p = cli.argparse.ArgumentParser()
     cli.add_arguments(p)
     return cli.main(p.parse_args(argv))
@@ -222,6 +228,19 @@ def test_dryrun_writes_the_flags(fake_slurm, tmp_path):
         path.write_text(script)
         out = subprocess.run([binary, "-s", "bash", str(path)], capture_output=True, text=True)
         assert out.returncode == 0, out.stdout
+
+
+def test_job_files_are_where_sbatch_reads_them(fake_slurm, tmp_path, capsys):
+    """Submitting from this machine, NeMo-Run writes the job's files under the experiment folder and
+    hands sbatch a path under the job folder: they are one folder (--job-dir), so the script exists."""
+    assert _launch(tmp_path, "--container-image", "img:1", submit=True) == 0
+    (submitted,) = [a for a in fake_slurm.read_text().splitlines() if a.endswith("_sbatch.sh")]
+    assert Path(submitted).is_file() and Path(submitted).is_relative_to(tmp_path / "exp" / "experiments")
+    sbatch = Path(submitted).read_text()
+    assert f"#SBATCH --output={tmp_path / 'exp' / 'experiments' / 'h70'}/" in sbatch
+    assert _launch(tmp_path, "--container-image", "img:1", "--base-dir", str(tmp_path / "other"), submit=True) == 2
+    assert "--job-dir and --base-dir: a Slurm job submitted from this machine keeps its files in one folder" in \
+        capsys.readouterr().err
 
 
 def test_requeue_only_with_resume(fake_slurm, tmp_path, capsys):
@@ -272,7 +291,7 @@ def test_one_node_job_keeps_its_engine_gpus_from_ray(fake_slurm, tmp_path):
               "agents.1.parallel.tp=1", "agents.1.parallel.dp=2", "agents.1.rollout_gpu_ids=[6, 7]"]
     argv = ["--preset", "paper_qwen3_4b_with_instruct", *layout, "--executor", "slurm", "--account", "acct",
             "--nodes", "1", "--gpus-per-node", "8", "--packager", "none", "--container-image", "img:1",
-            "--job-dir", str(tmp_path / "jobs"), "--base-dir", str(tmp_path / "exp"), "--name", "h70", "--dryrun"]
+            "--job-dir", str(tmp_path / "exp"), "--name", "h70", "--dryrun"]
     p = cli.argparse.ArgumentParser()
     cli.add_arguments(p)
     assert cli.main(p.parse_args(argv)) == 0
