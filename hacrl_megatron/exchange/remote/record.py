@@ -155,7 +155,8 @@ def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str
     key; when given, a record without a valid signature is refused.
     """
     if len(data) > limits.max_bytes:
-        raise _error(agent, origin, "record", f"{len(data)} bytes, more than the limit of {limits.max_bytes}")
+        # readers stop at max_bytes + 1 bytes, so the true size is not known here
+        raise _error(agent, origin, "record", f"larger than the limit of {limits.max_bytes} bytes")
     try:
         obj = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
