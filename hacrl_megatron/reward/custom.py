@@ -40,6 +40,7 @@ import math
 import multiprocessing as mp
 import os
 import re
+import secrets
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -170,8 +171,12 @@ def call_checker(fn: Callable, request: RewardRequest) -> float:
     return float(value)
 
 
-def _check_in_child(spec: str, field: str, conn) -> None:
-    """Child side of :func:`check_checker`: load the checker, send '' or the reason it cannot be used."""
+def _check_in_child(spec: str, field: str, conn, token: str) -> None:
+    """Child side of :func:`check_checker`: load the checker, send '' or the reason it cannot be used.
+    It runs in a session of its own, marked with ``token``: what the module starts ends with it."""
+    from hacrl_megatron.reward.pool import enter_own_session
+
+    enter_own_session(token)
     try:
         load_checker(spec, field)
         conn.send("")
@@ -196,9 +201,12 @@ def check_checker(spec: str, field: str = "data.checker", timeout_s: float | Non
     if spec in _checked:
         return spec
     limit = IMPORT_TIMEOUT_S if timeout_s is None else timeout_s
+    from hacrl_megatron.reward.pool import end_leftovers
+
     ctx = mp.get_context("spawn")  # safe next to torch's threads; the child starts from a clean state
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_check_in_child, args=(spec, field, child), daemon=True)
+    token = secrets.token_hex(8)
+    proc = ctx.Process(target=_check_in_child, args=(spec, field, child, token), daemon=True)
     proc.start()
     child.close()
     try:
@@ -210,6 +218,7 @@ def check_checker(spec: str, field: str = "data.checker", timeout_s: float | Non
         if proc.is_alive():
             proc.kill()
         proc.join(5)
+        end_leftovers([proc.pid], {token})  # helpers its import started, also ones that left with setsid
         parent.close()
     if not answered:
         raise CheckerError(f"{field}={given!r}: importing it did not finish within {limit:g} s; a checker module "

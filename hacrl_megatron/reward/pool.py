@@ -74,7 +74,17 @@ STDERR_TAIL_CHARS = 4000
 _TOKEN_ENV = "HACRL_VERIFIER_WORKER"  # marks a worker's environment and so every process it starts
 
 
-def _end_leftovers(groups: list[int], tokens: set[str]) -> None:
+def enter_own_session(token: str) -> None:
+    """In a child process about to run user code: lead a new session and mark the environment with
+    ``token``, so that :func:`end_leftovers` finds whatever the code starts."""
+    os.environ[_TOKEN_ENV] = token
+    try:
+        os.setsid()
+    except OSError:  # already a group leader: the token still finds its descendants
+        pass
+
+
+def end_leftovers(groups: list[int], tokens: set[str]) -> None:
     """SIGKILL what stopped workers leave behind: the process groups they led, and every process whose
     environment carries one of their ``tokens`` (helpers that left the group with ``setsid``)."""
     for group in groups:
@@ -138,14 +148,10 @@ def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, st
     Start-up (loading a custom scorer, importing the backend) writes its stderr to ``stderr_path``
     so that the controller can quote it if the start fails; scoring writes to the usual stderr.
     The worker leads a session of its own and marks its environment with ``token``: whatever its
-    checker starts can be found and ended with it (:func:`_end_leftovers`).
+    checker starts can be found and ended with it (:func:`end_leftovers`).
     """
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the controller's to handle
-    os.environ[_TOKEN_ENV] = token
-    try:
-        os.setsid()
-    except OSError:  # already a group leader: the token still finds its descendants
-        pass
+    enter_own_session(token)
     saved_stderr = os.dup(2)
     with open(stderr_path, "w") as capture:
         os.dup2(capture.fileno(), 2)
@@ -214,12 +220,12 @@ class _Worker:
             pass
 
     def kill(self, leftovers: bool = True) -> None:
-        """End the worker; with ``leftovers`` also everything it started (:func:`_end_leftovers`)."""
+        """End the worker; with ``leftovers`` also everything it started (:func:`end_leftovers`)."""
         if self.process.is_alive():
             self.process.kill()
         self.process.join(timeout=5)
         if leftovers:
-            _end_leftovers([self.process.pid], {self.token})
+            end_leftovers([self.process.pid], {self.token})
         self.conn.close()
         self._drop_stderr()
 
@@ -319,7 +325,7 @@ class VerifierPool:
             if w.ready:  # a worker still importing would not read the stop message soon
                 w.process.join(timeout=0.5)
             w.kill(leftovers=False)
-        _end_leftovers([w.process.pid for w in self._workers], {w.token for w in self._workers})  # one /proc scan
+        end_leftovers([w.process.pid for w in self._workers], {w.token for w in self._workers})  # one /proc scan
         self._workers = []
 
     def __enter__(self) -> VerifierPool:

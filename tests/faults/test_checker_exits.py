@@ -48,6 +48,14 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _left_running(pids: list[int], wait_s: float = 10.0) -> list[int]:
+    """The ``pids`` still running after up to ``wait_s`` (a SIGKILL takes effect asynchronously)."""
+    deadline = time.monotonic() + wait_s
+    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return [p for p in pids if _alive(p)]
+
+
 HELPERS = """import subprocess
 
 def score(response, reference):
@@ -67,10 +75,7 @@ def test_helpers_a_checker_starts_end_with_its_pool(tmp_path):
         assert pool.score([req] * 3) == [1.0] * 3
         pids = [int(p) for p in pids_file.read_text().split()]
         assert len(pids) == 6 and all(_alive(p) for p in pids)
-    deadline = time.monotonic() + 10
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not [p for p in pids if _alive(p)]
+    assert not _left_running(pids)
 
 
 def test_a_replaced_worker_takes_its_helpers_with_it(tmp_path):
@@ -82,4 +87,16 @@ def test_a_replaced_worker_takes_its_helpers_with_it(tmp_path):
             pool.score([RewardRequest("math", "x", "1")] * MAX_USER_TIMEOUTS_IN_A_ROW)
         pids = [int(p) for p in pids_file.read_text().split()]
         assert len(pids) == 2 * MAX_USER_TIMEOUTS_IN_A_ROW
-        assert not [p for p in pids if _alive(p)]  # ended with each dead worker, before the pool closes
+        assert not _left_running(pids)  # ended with each dead worker, before the pool closes
+
+
+def test_helpers_a_checker_starts_at_import_end_with_its_import_check(tmp_path):
+    pids_file = tmp_path / "pids"
+    (tmp_path / "at_import.py").write_text(
+        "import subprocess\n"
+        f"_helper = subprocess.Popen(['sleep', '300'], start_new_session=True)\n"
+        f"open({str(pids_file)!r}, 'a').write(f'{{_helper.pid}}\\n')\n\n"
+        "def score(response, reference):\n    return 1.0\n")
+    custom.check_checker(f"{tmp_path}/at_import.py:score")  # imported in a child process, which has ended
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert len(pids) == 1 and not _left_running(pids)
