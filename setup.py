@@ -41,7 +41,7 @@ setup(
     long_description_content_type="text/markdown",
     python_requires=">=3.10",
     packages=find_packages(include=["hacrl_megatron", "hacrl_megatron.*"]),
-    # presets/warmup: the CPU demo's warm-up weights (trainer/pretrain.py, tools/ship_warmup.py)
+    # presets/warmup: the CPU presets' warm-up weights (trainer/pretrain.py, tools/ship_warmup.py)
     package_data={"hacrl_megatron": ["presets/*.yaml", "presets/warmup/*/*"]},
     install_requires=[TORCH, "numpy", "pyyaml>=6", "tqdm"],
     extras_require=extras,
