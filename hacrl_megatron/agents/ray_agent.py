@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -66,6 +67,9 @@ __all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "
            "build_ray_agent"]
 
 DEFAULT_BUCKET_BYTES = 1 << 30  # ~1 GB of exported weights per object-store round trip
+# a rank's error that means a peer's connection went away (gloo, NCCL): maybe the peer's node left
+PEER_LOST_MARKERS = ("closed by peer", "reset by peer", "Connection refused", "Broken pipe", "NCCL")
+PEER_LOSS_WAIT_S = 60.0  # how long such an error waits for the cluster to tell whether a node left
 R = TypeVar("R")
 
 logger = logging.getLogger(__name__)
@@ -211,7 +215,12 @@ class RayAgent:
                 results[rank] = ray.get(ready[0])
             except RayTaskError as err:
                 cause = err.as_instanceof_cause()
+                lost = self._lost_peer_node(ray, str(err.cause))
                 self._teardown(f"rank {rank} raised {type(err.cause).__name__} during {what}")
+                if lost is not None:  # a surviving rank saw its peer's node go: report the node, not the socket
+                    ip, peer = lost
+                    raise TrainerNodeLost(f"agent {self.name!r}: node {ip} (rank {peer} of {len(refs)}) left the Ray "
+                                          f"cluster during {what}; the agent's workers were shut down") from err
                 cause.add_note(f"[hacrl] agent {self.name!r}: raised on rank {rank} during {what}; "
                                "the agent's workers were shut down")
                 raise cause from None
@@ -224,6 +233,22 @@ class RayAgent:
                 raise RayAgentError(f"agent {self.name!r}: worker of rank {rank}/{len(refs)} died during {what} "
                                     f"({type(err).__name__}: {err}); the agent's workers were shut down") from err
         return results
+
+    def _lost_peer_node(self, ray: Any, error: str) -> tuple[str, int] | None:
+        """(node address, first rank there) of a node of this world that left the cluster, when a rank's
+        error is a lost peer connection (gloo/NCCL); the cluster notices a dead node within seconds, so
+        it is watched for at most :data:`PEER_LOSS_WAIT_S`. None: no lost node (the error is the rank's own)."""
+        if not any(marker in error for marker in PEER_LOST_MARKERS):
+            return None
+        ranks = {info["ip"]: r for r, info in reversed(list(enumerate(getattr(self, "placement", []))))}
+        deadline = time.monotonic() + PEER_LOSS_WAIT_S
+        while True:
+            for ip, rank in sorted(ranks.items(), key=lambda x: x[1]):
+                if node_left(ray, ip):
+                    return ip, rank
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(1.0)
 
     def _submit(self, method: Callable[..., R], *args: Any) -> PendingCall[R]:
         """Start the :class:`RankWorker` ``method`` (e.g. ``RankWorker.train``) on every rank; the

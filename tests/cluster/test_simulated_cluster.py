@@ -311,10 +311,11 @@ def wait_refused(host: str, port: int, timeout_s: float = 60.0) -> None:
 
 @pytest.mark.timeout(1800)
 def test_losing_an_engine_node_retires_its_engine_and_a_resume_finishes(cluster, tmp_path, caplog):
-    """Node 2 (127.0.0.4) leaves the cluster after step 1 while llama's engine1 runs there: the next
-    steps go on with the surviving engines (its prompts redone on engine0), the engine is retired with
-    one warning naming the agent, the engine and the node, and no other engine restarts; once the node
-    is back (same address, same hacrl_node_2 resource) a resume from the step-1 checkpoint finishes."""
+    """Node 2 (127.0.0.4) leaves the cluster in the middle of step 2's rollout, as llama's engine1
+    there is sent its share: the step and the next go on with the surviving engines (its prompts
+    redone on engine0), the engine is retired with one warning naming the agent, the engine and the
+    node, and no other engine restarts; once the node is back (same address, same hacrl_node_2
+    resource) a resume from the step-1 checkpoint finishes."""
     from hacrl_megatron.reward.pool import VerifierPool
     from tests.cluster.conftest import node_wait_s
     from tests.e2e.test_trainer import parity_reward
@@ -333,11 +334,20 @@ def test_losing_an_engine_node_retires_its_engine_and_a_resume_finishes(cluster,
         victim = llama.slots[1]
         url = urlparse(victim.engine.base_url)
         assert url.hostname == "127.0.0.4"  # engine1 of llama: job-wide GPU 4, node 2
-        cluster.remove_node(node2, allow_graceful=False)
-        removed = True
-        wait_refused(url.hostname, url.port)
+        generate = victim.engine.generate_seeded
+
+        def node_leaves_mid_rollout(*args, **kwargs):  # the node goes while its share of the step is sent
+            nonlocal removed
+            if not removed:
+                cluster.remove_node(node2, allow_graceful=False)
+                removed = True
+                wait_refused(url.hostname, url.port)
+            return generate(*args, **kwargs)
+
+        victim.engine.generate_seeded = node_leaves_mid_rollout
         with caplog.at_level("WARNING", logger="hacrl_megatron.rollout.engine_pool"):
             later = [loop.train_step(run) for _ in range(2)]
+        assert removed
         assert victim.state == "retired"
         warnings = [r.getMessage() for r in caplog.records if r.name == "hacrl_megatron.rollout.engine_pool"]
         assert len(warnings) == 1 and warnings[0].startswith("agent 'llama', engine1: retired from the pool, its node "
@@ -365,3 +375,42 @@ def test_losing_an_engine_node_retires_its_engine_and_a_resume_finishes(cluster,
     finally:
         for rt in resumed.runtimes:
             rt.close()
+
+
+@pytest.mark.timeout(2400)  # the Megatron ranks and servers start twice on 2 cores
+def test_losing_a_trainer_node_stops_the_run_in_one_line_and_a_resume_finishes(cluster, tmp_path, monkeypatch):
+    """The planned job of the test above; node 2 (127.0.0.4, rank 1 of qwen3's TP2 world) leaves the
+    cluster right after the step-1 checkpoint: the run stops with one line naming the agent, the node
+    and that checkpoint; once the node is back a resume finishes the run."""
+    from hacrl_megatron.agents.ray_placement import TrainerNodeLost
+    from tests.cluster.conftest import node_wait_s
+
+    exp = planned_job_exp(tmp_path, steps=3)
+    exp = dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, every=1))
+    (node2,) = [n for n in cluster.list_all_nodes() if n.node_ip_address == "127.0.0.4"]
+    save, removed = loop._save, []
+
+    def save_then_lose_node(run):
+        save(run)
+        if not removed:
+            cluster.remove_node(node2, allow_graceful=False)
+            removed.append(run.step)
+
+    monkeypatch.setattr(loop, "_save", save_then_lose_node)
+    try:
+        with pytest.raises(TrainerNodeLost) as err:
+            loop.train(exp)
+        assert removed == [1]
+        message = str(err.value)
+        assert "\n" not in message and message.startswith("agent 'qwen3': node 127.0.0.4 (rank 1 of 2) left the Ray "
+                                                          "cluster during "), message
+        assert message.endswith(f"last checkpoint: {Path(exp.output_dir) / 'checkpoints' / 'step-000001'} "
+                                "(continue with checkpoint.resume=true)"), message
+    finally:
+        if removed:
+            cluster.add_node(num_cpus=2, num_gpus=2, node_ip_address="127.0.0.4", resources=node_resources(2))
+            cluster.wait_for_nodes(timeout=node_wait_s())
+    monkeypatch.setattr(loop, "_save", save)
+    run = loop.train(dataclasses.replace(exp, checkpoint=dataclasses.replace(exp.checkpoint, resume=True)))
+    assert run.step == 3
+    assert [r["ip"] for r in run.runtimes[1].trainer.placement] == ["127.0.0.3", "127.0.0.4"]  # planned again

@@ -96,3 +96,36 @@ def test_trainer_rank_on_a_lost_node_names_agent_and_node(monkeypatch):
     with pytest.raises(TrainerNodeLost, match=r"agent 'qwen3': node 127.0.0.4 \(rank 1 of 2\) left the Ray cluster "
                                               r"during train"):
         agent._gather(["r0", "r1"], "train")
+
+
+def test_a_peer_connection_error_is_reported_as_the_node_that_left(monkeypatch):
+    """A surviving rank's gloo error ("Connection closed by peer") comes before the dead rank's own:
+    the agent names the node that left (once the cluster says so), not the socket."""
+    from hacrl_megatron.agents import ray_agent
+
+    alive = {"127.0.0.3": True, "127.0.0.4": True}
+    polls = []
+
+    class FakeRay:
+        def nodes(self):
+            polls.append(1)
+            if len(polls) >= 3:  # the cluster notices the dead node a few seconds later
+                alive["127.0.0.4"] = False
+            return [{"NodeManagerAddress": ip, "Alive": up} for ip, up in alive.items()]
+
+    monkeypatch.setattr(ray_agent.time, "sleep", lambda s: None)
+    agent = object.__new__(ray_agent.RayAgent)
+    agent.placement = [{"ip": "127.0.0.3"}, {"ip": "127.0.0.4"}]
+    gloo = "[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:38536"
+    assert agent._lost_peer_node(FakeRay(), gloo) == ("127.0.0.4", 1)
+    polls.clear()
+    assert agent._lost_peer_node(FakeRay(), "ValueError: a bad batch") is None and polls == []  # its own error
+    alive["127.0.0.4"] = True
+    monkeypatch.setattr(ray_agent, "PEER_LOSS_WAIT_S", 0.0)
+    polls.clear()
+
+    class Healthy(FakeRay):
+        def nodes(self):
+            return [{"NodeManagerAddress": ip, "Alive": True} for ip in alive]
+
+    assert agent._lost_peer_node(Healthy(), gloo) is None  # every node alive: the error stays the rank's
