@@ -131,7 +131,7 @@ def from_dict(cls: type, data: dict[str, Any], path: str = "") -> Any:
     data = resolve_key_aliases(cls, data, path)
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - names)
+    unknown = sorted(set(data) - names, key=str)  # YAML keys may be numbers or null, which do not sort with text
     if unknown:
         where = path or cls.__name__
         raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(names)}")

@@ -313,6 +313,13 @@ def load_checkpoint(path: str | os.PathLike, runtimes) -> dict[str, Any]:
     if saved != names:
         raise ValueError(f"{path}: checkpoint holds agents {saved}, this run has {names}")
     state = load_state_file(path / "state.pt")  # read first: a bad file fails before any agent changes
+    named = path.name[len("step-"):]
+    folder_step = int(named) if path.name.startswith("step-") and named.isdigit() else None
+    if not isinstance(state, dict):
+        raise DamagedCheckpointError(f"{path}: state.pt holds a {type(state).__name__}, not a run state")
+    if folder_step is not None and state.get("step") != folder_step:
+        raise DamagedCheckpointError(f"{path}: state.pt holds step {state.get('step')!r}, not the folder's step "
+                                     f"{folder_step} (a run state from elsewhere)")
     for rt in runtimes:
         rt.trainer.load(str(agents_dir / rt.name))
     set_rng_state(state["rng"])

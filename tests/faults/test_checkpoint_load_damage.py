@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from safetensors.torch import load_file, save_file
 
@@ -61,6 +62,12 @@ def _planted_pickle(c: Path) -> None:
     _resign(c)
 
 
+def _state_of_another_step(c: Path) -> None:
+    state = ckpt.load_state_file(c / "state.pt")
+    torch.save({**state, "step": 99}, c / "state.pt")  # would end the run at once, past train.steps
+    _resign(c)
+
+
 def _emptied_marker(c: Path) -> None:
     (c / ckpt.MARKER).write_text("")
 
@@ -70,6 +77,7 @@ DAMAGE = {  # what is done to step-000004, and what the skip message must name
     "three agents": (_three_agents, "checkpoint holds agents ['llama', 'qwen3', 'third']"),
     "renamed agent": (_renamed, "checkpoint holds agents ['llama', 'qwen9']"),
     "planted pickle in state.pt": (_planted_pickle, "state.pt: cannot be read as a run state"),
+    "state.pt of another step": (_state_of_another_step, "state.pt holds step 99, not the folder's step 4"),
     "emptied COMPLETE marker": (_emptied_marker, "COMPLETE holds no checksum of the MANIFEST.json beside it"),
 }
 

@@ -106,3 +106,9 @@ def test_base_is_resolved_beside_the_preset_that_names_it(tmp_path, capsys, monk
 ], ids=["5000-deep key", "5000-deep value", "giant int", "long string"])
 def test_a_hostile_override_is_named(capsys, override, expected):
     assert expected in _refused(capsys, [override])
+
+
+def test_keys_that_are_not_text_are_named(tmp_path, capsys):
+    preset = tmp_path / "keys.yaml"
+    preset.write_text("1: 2\nnull: 3\nname: x\n")
+    assert "ExperimentConfig: unknown key(s) [1, None]; allowed: " in _refused(capsys, ["--preset", str(preset)])
