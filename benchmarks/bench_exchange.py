@@ -25,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hacrl_megatron.exchange.remote import PeerRecord, open_store  # noqa: E402
+from hacrl_megatron.exchange.remote import LocalStore, PeerRecord, load_key, open_store  # noqa: E402
 
 SIZES = {"small": (8, 4, 200), "large": (64, 8, 4000)}  # prompts, responses per prompt, characters each
 
@@ -89,11 +89,13 @@ def main() -> None:
                     run_id = f"bench-{backend}-{size}-{int(signed)}"
 
                     def make(backend=backend, opts=opts, run_id=run_id, signed=signed, shared_local=shared_local):
-                        store = open_store(backend, run_id, key_file=key_file if signed else None, **opts)
+                        key = key_file if signed else None
                         if backend == "local":  # two "jobs" in one process share one memory
-                            first = shared_local.setdefault(run_id, store)
-                            store._data, store._cond = first._data, first._cond
-                        return store
+                            store = LocalStore(run_id, key=load_key(key) if key else None,
+                                               share_with=shared_local.get(run_id))
+                            shared_local.setdefault(run_id, store)
+                            return store
+                        return open_store(backend, run_id, key_file=key, **opts)
 
                     row = {"backend": backend, "signed": signed, "size": size,
                            **time_backend(make, size, args.steps, args.keep_steps)}

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from hacrl_megatron.errors import InputError
-from hacrl_megatron.exchange.remote import ExchangeRecordError, Limits, open_store
+from hacrl_megatron.exchange.remote import ExchangeRecordError, Limits, LocalStore, load_key, open_store
 from hacrl_megatron.exchange.remote.shared_dir import SharedDirStore
 from tests.fixtures.redis_server import redis_server  # noqa: F401 - the session fixture
 from tests.unit.test_peer_exchange_record import KEY, make_record
@@ -43,9 +43,9 @@ def make_store(request, tmp_path):
         extra = {"limits": limits} if limits else {}
         key = str(key_file) if signed else None
         if backend == "local":  # the stores of one run id share one memory, as jobs share a folder
-            store = open_store("local", run_id, key_file=key, **extra)
-            first = shared_local.setdefault(run_id, store)
-            store._data, store._cond = first._data, first._cond
+            store = LocalStore(run_id, key=load_key(key) if key else None, share_with=shared_local.get(run_id),
+                               **extra)
+            shared_local.setdefault(run_id, store)
             return store
         if backend == "shared_dir":
             store = open_store("shared_dir", run_id, dir=tmp_path / "exchange", key_file=key, **extra)
@@ -212,11 +212,11 @@ def test_open_store_names_missing_options(tmp_path):
 
 
 WRITER = textwrap.dedent("""
-    import sys
+    import json, sys
     from hacrl_megatron.exchange.remote import open_store
     from tests.unit.test_peer_exchange_record import make_record
-    root, run_id, agent, rounds = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
-    store = open_store("shared_dir", run_id, dir=root)
+    backend, options, run_id, agent, rounds = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    store = open_store(backend, run_id, **options)
     for i in range(rounds):
         # alternate a long and a short record at the same (step, agent): a torn read would show
         text = "x" * (20000 if i % 2 else 10)
@@ -226,16 +226,22 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_two_writer_processes_and_a_reader_never_see_a_partial_file(tmp_path):
-    root, rounds = tmp_path / "ex", 30
-    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(root), "run-a", agent, str(rounds)], cwd=ROOT,
-                              stderr=subprocess.PIPE) for agent in ("agent1", "agent2")]
-    store = SharedDirStore(root, "run-a")
+@pytest.mark.parametrize("backend", ["shared_dir", pytest.param("redis", marks=pytest.mark.redis)])
+def test_two_writer_processes_and_a_reader_never_see_a_partial_record(backend, tmp_path, request):
+    rounds, run_id = 30, f"run-{uuid.uuid4().hex[:8]}"
+    if backend == "shared_dir":
+        options = {"dir": str(tmp_path / "ex")}
+    else:
+        server = request.getfixturevalue("redis_server")
+        options = {"redis_url": server.url, "redis_password_file": str(server.password_file)}
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, backend, json.dumps(options), run_id, agent,
+                               str(rounds)], cwd=ROOT, stderr=subprocess.PIPE) for agent in ("agent1", "agent2")]
+    store = open_store(backend, run_id, **options)
     reads = 0
     try:
         while any(p.poll() is None for p in procs):
             for agent in ("agent1", "agent2"):
-                record = store.read(0, agent)  # raises on a partial or mixed file
+                record = store.read(0, agent)  # raises on a partial or mixed record
                 if record is not None:
                     reads += 1
                     assert record.responses[0][1] == agent
@@ -246,5 +252,8 @@ def test_two_writer_processes_and_a_reader_never_see_a_partial_file(tmp_path):
     assert reads > 0
     final = store.wait_for(0, ["agent1", "agent2"], wait_s=0)
     assert final.complete and {r.weights_version for r in final.records.values()} == {rounds - 1}
-    assert sorted(p.name for p in (root / "run-a").iterdir()) == sorted(
-        f"step-{s:08d}.{a}.json" for s in range(4) for a in ("agent1", "agent2"))  # no temporary files left
+    assert all(store.read(s, a) is not None for s in range(4) for a in ("agent1", "agent2"))
+    if backend == "shared_dir":  # no temporary file left behind
+        assert sorted(p.name for p in (tmp_path / "ex" / run_id).iterdir()) == sorted(
+            f"step-{s:08d}.{a}.json" for s in range(4) for a in ("agent1", "agent2"))
+    store.close()

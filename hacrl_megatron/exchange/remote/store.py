@@ -112,6 +112,7 @@ class ExchangeStore(ABC):
         records: dict[str, PeerRecord] = {}
         refused: dict[str, str] = {}
         while True:
+            token = self._poll_token()
             for peer in peers:
                 if peer in records:
                     continue
@@ -127,7 +128,7 @@ class ExchangeStore(ABC):
             left = deadline - time.monotonic()
             if len(records) == len(peers) or left <= 0:
                 break
-            self._sleep(step, min(pause, left))
+            self._sleep(token, min(pause, left))
             pause = min(pause * 2, POLL_MAX_S)
         missing = tuple(p for p in peers if p not in records)
         return WaitResult(records, missing, {p: refused[p] for p in missing if p in refused},
@@ -153,7 +154,12 @@ class ExchangeStore(ABC):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _sleep(self, step: int, seconds: float) -> None:
+    def _poll_token(self) -> object:
+        """Taken before each round of reads and handed to :meth:`_sleep` (a backend that can be woken
+        uses it to see a publish that landed between the reads and the sleep)."""
+        return None
+
+    def _sleep(self, token: object, seconds: float) -> None:
         time.sleep(seconds)
 
     def _log_refusal(self, step: int, peer: str, message: str) -> None:
@@ -178,38 +184,56 @@ class ExchangeStore(ABC):
         """Remove (step, agent)'s record if present."""
 
 
+class _Memory:
+    """The records of a :class:`LocalStore` and the condition its waiters sleep on."""
+
+    def __init__(self) -> None:
+        self.data: dict[tuple[int, str], bytes] = {}
+        self.version = 0  # publishes so far: a waiter compares it to see one it would have missed
+        self.cond = threading.Condition()
+
+
 class LocalStore(ExchangeStore):
     """In-process backend: every agent under one controller (today's path) behind the same interface.
 
     Records are kept as the same checked JSON bytes the other backends store, so a record that
     passes here passes everywhere; a publish wakes a waiting thread at once instead of a poll.
+    ``share_with``: another LocalStore of the same run whose records this one shares (one store
+    object per agent, as each job has its own in the other backends).
     """
 
     backend = "local"
 
-    def __init__(self, run_id: str, *, key: bytes | None = None, limits: Limits = DEFAULT_LIMITS) -> None:
+    def __init__(self, run_id: str, *, key: bytes | None = None, limits: Limits = DEFAULT_LIMITS,
+                 share_with: LocalStore | None = None) -> None:
         super().__init__(run_id, key=key, limits=limits)
-        self._data: dict[tuple[int, str], bytes] = {}
-        self._cond = threading.Condition()
+        if share_with is not None and share_with.run_id != self.run_id:
+            raise ValueError(f"LocalStore: cannot share run {share_with.run_id!r}'s records with run {self.run_id!r}")
+        self._mem = share_with._mem if share_with is not None else _Memory()
 
     def _put(self, step: int, agent: str, data: bytes) -> None:
-        with self._cond:
-            self._data[(step, agent)] = data
-            self._cond.notify_all()
+        with self._mem.cond:
+            self._mem.data[(step, agent)] = data
+            self._mem.version += 1
+            self._mem.cond.notify_all()
 
     def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
-        with self._cond:
-            data = self._data.get((step, agent))
+        with self._mem.cond:
+            data = self._mem.data.get((step, agent))
         return None if data is None else (data, f"local step {step}")
 
     def _steps(self, agent: str) -> list[int]:
-        with self._cond:
-            return sorted(s for s, a in self._data if a == agent)
+        with self._mem.cond:
+            return sorted(s for s, a in self._mem.data if a == agent)
 
     def _delete(self, step: int, agent: str) -> None:
-        with self._cond:
-            self._data.pop((step, agent), None)
+        with self._mem.cond:
+            self._mem.data.pop((step, agent), None)
 
-    def _sleep(self, step: int, seconds: float) -> None:
-        with self._cond:
-            self._cond.wait(seconds)
+    def _poll_token(self) -> object:
+        with self._mem.cond:
+            return self._mem.version
+
+    def _sleep(self, token: object, seconds: float) -> None:
+        with self._mem.cond:  # returns at once if anything was published since the round of reads began
+            self._mem.cond.wait_for(lambda: self._mem.version != token, seconds)
