@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -107,6 +108,7 @@ def main() -> None:
             from tests.fixtures.redis_server import stop_redis
 
             stop_redis(proc)
+        shutil.rmtree(tmp, ignore_errors=True)
     if args.out:
         Path(args.out).write_text(json.dumps({"steps": args.steps, "sizes": SIZES, "results": results}, indent=1))
 

@@ -8,6 +8,7 @@ port, a password); they skip without one unless ``HACRL_REQUIRE_REDIS=1``.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -196,6 +197,19 @@ def test_shared_dir_layout_is_one_readable_file_per_step_and_agent(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(InputError, match="is not a folder"):
         SharedDirStore(tmp_path / "file", "run-a")
+
+
+def test_shared_dir_refuses_links_and_pipes_naming_the_author(tmp_path):
+    store = SharedDirStore(tmp_path / "ex", "run-a")
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_bytes(make_record(step=0, agent="agent2").to_json())
+    store.path(0, "agent2").symlink_to(elsewhere)  # a valid record, but not the author's file
+    with pytest.raises(ExchangeRecordError, match=r"agent 'agent2'.*'record': a symbolic link"):
+        store.read(0, "agent2")
+    os.mkfifo(store.path(1, "agent2"))  # a named pipe would block a plain open() forever
+    with pytest.raises(ExchangeRecordError, match=r"agent 'agent2'.*'record': not a regular file"):
+        store.read(1, "agent2")
+    assert store.wait_for(1, ["agent2"], wait_s=0).missing == ("agent2",)
 
 
 def test_open_store_names_missing_options(tmp_path):

@@ -156,22 +156,22 @@ def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str
     """
     if len(data) > limits.max_bytes:
         # readers stop at max_bytes + 1 bytes, so the true size is not known here
-        raise _error(agent, origin, "record", f"larger than the limit of {limits.max_bytes} bytes")
+        raise refusal(agent, origin, "record", f"larger than the limit of {limits.max_bytes} bytes")
     try:
         obj = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
-        raise _error(agent, origin, "record", f"not valid JSON ({_first_line(err)})") from None
+        raise refusal(agent, origin, "record", f"not valid JSON ({_first_line(err)})") from None
     if not isinstance(obj, dict):
-        raise _error(agent, origin, "record", f"a JSON {type(obj).__name__}, expected an object")
+        raise refusal(agent, origin, "record", f"a JSON {type(obj).__name__}, expected an object")
     if key is not None:
         problem = verify(obj, key)
         if problem:
-            raise _error(agent, origin, SIGNATURE_FIELD, problem)
+            raise refusal(agent, origin, SIGNATURE_FIELD, problem)
     obj.pop(SIGNATURE_FIELD, None)  # unsigned readers ignore a signature they have no key for
     _check_fields(obj, agent, origin, limits)
     for name, want in (("run_id", run_id), ("step", step), ("agent", agent)):
         if obj[name] != want:
-            raise _error(agent, origin, name, f"{obj[name]!r}, expected {want!r}")
+            raise refusal(agent, origin, name, f"{obj[name]!r}, expected {want!r}")
     obj.pop("format")
     return PeerRecord(**obj)
 
@@ -182,11 +182,11 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
                 "finish_reasons", "rewards", "logp_sums", "lengths", "positive_rate"}
     missing, extra = sorted(expected - obj.keys()), sorted(obj.keys() - expected)
     if missing:
-        raise _error(agent, origin, missing[0], "missing")
+        raise refusal(agent, origin, missing[0], "missing")
     if extra:
-        raise _error(agent, origin, extra[0], "not a field of an exchange record")
+        raise refusal(agent, origin, extra[0], "not a field of an exchange record")
     if obj["format"] != FORMAT:
-        raise _error(agent, origin, "format", f"{obj['format']!r}, expected {FORMAT!r}")
+        raise refusal(agent, origin, "format", f"{obj['format']!r}, expected {FORMAT!r}")
     for name in ("run_id", "agent"):
         _check_str(obj[name], agent, origin, name, 256)
     for name in ("step", "weights_version"):
@@ -194,15 +194,15 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
     _check_number(obj["positive_rate"], agent, origin, "positive_rate", 0.0, 1.0)
     prompts = obj["prompt_ids"]
     if not isinstance(prompts, (list, tuple)) or not 0 < len(prompts) <= limits.max_prompts:
-        raise _error(agent, origin, "prompt_ids", f"must be a list of 1..{limits.max_prompts} ids")
+        raise refusal(agent, origin, "prompt_ids", f"must be a list of 1..{limits.max_prompts} ids")
     for i, pid in enumerate(prompts):
         _check_str(pid, agent, origin, f"prompt_ids[{i}]", limits.max_text_chars)
     groups = obj["responses"]
     if not isinstance(groups, (list, tuple)) or len(groups) != len(prompts):
-        raise _error(agent, origin, "responses", f"must be a list of {len(prompts)} groups (one per prompt)")
+        raise refusal(agent, origin, "responses", f"must be a list of {len(prompts)} groups (one per prompt)")
     for p, group in enumerate(groups):
         if not isinstance(group, (list, tuple)) or not 0 < len(group) <= limits.max_group:
-            raise _error(agent, origin, f"responses[{p}]", f"must be a list of 1..{limits.max_group} texts")
+            raise refusal(agent, origin, f"responses[{p}]", f"must be a list of 1..{limits.max_group} texts")
         for g, text in enumerate(group):
             _check_str(text, agent, origin, f"responses[{p}][{g}]", limits.max_text_chars, allow_empty=True)
     _check_grids(obj, agent, origin, [len(g) for g in groups], limits)
@@ -213,15 +213,15 @@ def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int],
     for name in ("finish_reasons", "rewards", "logp_sums", "lengths"):
         grid = obj[name]
         if not isinstance(grid, (list, tuple)) or len(grid) != len(shape):
-            raise _error(agent, origin, name, f"must be a list of {len(shape)} groups (one per prompt)")
+            raise refusal(agent, origin, name, f"must be a list of {len(shape)} groups (one per prompt)")
         for p, (row, size) in enumerate(zip(grid, shape)):
             if not isinstance(row, (list, tuple)) or len(row) != size:
-                raise _error(agent, origin, f"{name}[{p}]", f"must hold {size} values (one per response)")
+                raise refusal(agent, origin, f"{name}[{p}]", f"must hold {size} values (one per response)")
             for g, value in enumerate(row):
                 field = f"{name}[{p}][{g}]"
                 if name == "finish_reasons":
                     if value not in FINISH_REASONS:
-                        raise _error(agent, origin, field, f"{value!r}, expected one of {list(FINISH_REASONS)}")
+                        raise refusal(agent, origin, field, f"{value!r}, expected one of {list(FINISH_REASONS)}")
                 elif name == "lengths":
                     _check_int(value, agent, origin, field, 0, limits.max_tokens)
                 else:
@@ -231,20 +231,20 @@ def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int],
 def _check_str(value: Any, agent: str, origin: str, field: str, max_chars: int, allow_empty: bool = False) -> None:
     if not isinstance(value, str) or len(value) > max_chars or (not value and not allow_empty):
         shown = f"{len(value)} characters" if isinstance(value, str) else type(value).__name__
-        raise _error(agent, origin, field, f"{shown}; must be a {'' if allow_empty else 'non-empty '}string of at "
+        raise refusal(agent, origin, field, f"{shown}; must be a {'' if allow_empty else 'non-empty '}string of at "
                                            f"most {max_chars} characters")
 
 
 def _check_int(value: Any, agent: str, origin: str, field: str, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise _error(agent, origin, field, f"{value!r}; must be an integer in [{low}, {high}]")
+        raise refusal(agent, origin, field, f"{value!r}; must be an integer in [{low}, {high}]")
 
 
 def _check_number(value: Any, agent: str, origin: str, field: str, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise _error(agent, origin, field, f"{value!r}; must be a finite number")
+        raise refusal(agent, origin, field, f"{value!r}; must be a finite number")
     if not low <= value <= high:
-        raise _error(agent, origin, field, f"{value!r}; must lie in [{low}, {high}]")
+        raise refusal(agent, origin, field, f"{value!r}; must lie in [{low}, {high}]")
 
 
 def _readable_json(body: dict[str, Any]) -> str:
@@ -272,5 +272,6 @@ def _first_line(err: BaseException) -> str:
     return str(err).splitlines()[0] if str(err) else type(err).__name__
 
 
-def _error(agent: str, origin: str, field: str, problem: str) -> ExchangeRecordError:
+def refusal(agent: str, origin: str, field: str, problem: str) -> ExchangeRecordError:
+    """The one-line error for ``agent``'s record found at ``origin`` (also for a store's own checks)."""
     return ExchangeRecordError(f"exchange record of agent {agent!r} refused ({origin}): field {field!r}: {problem}")

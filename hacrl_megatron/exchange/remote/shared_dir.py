@@ -9,14 +9,16 @@ filesystem the jobs share works (NFS, Lustre, GPFS: rename within one folder is 
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import secrets
+import stat
 from pathlib import Path
 
 from hacrl_megatron.durable import fsync_dir
 from hacrl_megatron.errors import InputError
-from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits
+from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits, refusal
 from hacrl_megatron.exchange.remote.store import ExchangeStore
 
 _NAME_RE = re.compile(r"step-(\d{8})\.([A-Za-z_][A-Za-z0-9_]*)\.json")
@@ -64,11 +66,23 @@ class SharedDirStore(ExchangeStore):
 
     def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
         path = self.path(step, agent)
+        # no symlink followed, and nothing but a regular file read: whoever else can write to the
+        # folder could otherwise point a reader at another file or block it on a named pipe
         try:
-            with open(path, "rb") as f:
-                return f.read(self.limits.max_bytes + 1), str(path)  # +1: an oversized file is seen as such
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except FileNotFoundError:
             return None
+        except OSError as err:
+            if err.errno == errno.ELOOP:
+                raise refusal(agent, str(path), "record", "a symbolic link (records are plain files)") from None
+            raise
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise refusal(agent, str(path), "record", "not a regular file")
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                return f.read(self.limits.max_bytes + 1), str(path)  # +1: an oversized file is seen as such
+        finally:
+            os.close(fd)
 
     def _steps(self, agent: str) -> list[int]:
         steps = []
