@@ -61,7 +61,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds one response may take to score (a --checker always runs under it)")
     p.add_argument("--checker", default=None, metavar="MODULE:FUNCTION",
                    help="a user's verifier instead of the built-in one: 'pkg.module:function' or "
-                        "'file.py:function', f(response, reference) -> reward in [0, 1] (examples/custom_task)")
+                        "'file.py:function', f(response, reference) -> reward in --reward-range, or verl's "
+                        "compute_score(data_source, solution_str, ground_truth, extra_info=None) (examples/custom_task)")
+    p.add_argument("--reward-range", type=float, nargs=2, default=[0.0, 1.0], metavar=("LOW", "HIGH"),
+                   help="the --checker's reward range, mapped onto [0, 1]; a sample counts as correct above LOW "
+                        "(default 0 1)")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16 | float16")
     p.add_argument("--out", default=None, help="write results.json, results.md and samples.jsonl here")
 
@@ -103,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
     settings = EvalSettings(k=args.k, n=args.n, greedy=not args.sample, temperature=args.temperature,
                             max_new_tokens=args.max_new_tokens, template=args.template, seed=args.seed)
     results = []
-    score_fn = custom_score_fn(args.checker, field="--checker")  # checked before any model loads
+    score_fn = custom_score_fn(args.checker, field="--checker", reward_range=args.reward_range)  # before any model loads
     with VerifierPool(num_workers=args.verifier_workers, timeout_s=args.verifier_timeout_s, mode=args.verifier_mode,
                       score_fn=score_fn) as verifier:
         for agent, name, tok in zip(args.agent, names, tokenizers, strict=True):

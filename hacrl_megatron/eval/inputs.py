@@ -44,6 +44,9 @@ def check_eval_args(args: Any) -> None:
     _require(args.verifier_mode in ("math", "math_verify"), "--verifier-mode", args.verifier_mode,
              "must be math or math_verify")
     _require(args.difficulty >= 1, "--difficulty", args.difficulty, "must be >= 1")
+    low, high = getattr(args, "reward_range", (0.0, 1.0))
+    _require(math.isfinite(low) and math.isfinite(high) and low < high, "--reward-range", [low, high],
+             "must be LOW HIGH, two finite numbers with LOW < HIGH")
     for flag, seed in (("--seed", args.seed), ("--task-seed", args.task_seed)):
         _require(0 <= seed <= 2**32 - 1, flag, seed, "must lie in [0, 2**32 - 1]")
 

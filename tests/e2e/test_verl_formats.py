@@ -128,3 +128,23 @@ def test_dataset_tasks_train_on_their_train_split(tmp_path, capsys):
     assert {r.question for r in task.sample(20)} == {f"{i}+1?" for i in range(20)}
     assert main(["config", "data.task=math500"]) == 2
     assert "data.task='math500': math500 is a test set (no train split)" in capsys.readouterr().err
+
+
+def test_hacrl_eval_takes_a_verl_checker_and_its_reward_range(tmp_path, capsys):
+    from hacrl_megatron.exchange import load_tokenizer
+    from tests.unit.test_rollout_hf import tiny_llama
+
+    tok = load_tokenizer("char", tmp_path / "tok")
+    tiny_llama(len(tok), seed=0).save_pretrained(tmp_path / "agent")
+    tok.save_pretrained(tmp_path / "agent")
+    (tmp_path / "score.py").write_text(
+        "def signed(data_source, solution_str, ground_truth, extra_info=None):\n"
+        "    assert data_source == 'addition'\n    return -1.0\n")
+    args = ["eval", "--agent", str(tmp_path / "agent"), "--benchmarks", "addition", "--limit", "3",
+            "--max-new-tokens", "3", "--template", "plain", "--checker", f"{tmp_path / 'score.py'}:signed"]
+    assert main([*args, "--reward-range", "-2", "0"]) == 0  # −1 maps to 0.5 of [−2, 0]: above LOW, correct
+    assert "| agent | 1.000 | 1.000 |" in capsys.readouterr().out
+    assert main(args) == 0  # the default range [0, 1]: −1 lies outside, scores 0 (a verifier error)
+    assert "| agent | 0.000 | 0.000 |" in capsys.readouterr().out
+    assert main([*args, "--reward-range", "1", "1"]) == 2
+    assert "--reward-range=[1.0, 1.0]: must be LOW HIGH" in capsys.readouterr().err
