@@ -18,6 +18,7 @@ The in-process HF engine needs none of them by default: it copies the tensors it
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -27,8 +28,8 @@ import torch
 
 from hacrl_megatron.rollout.protocol import EngineError, WeightUpdateSession
 
-__all__ = ["NamedTensors", "buckets", "engine_failure", "on_all", "tensor_bytes", "weight_update_session",
-           "with_last"]
+__all__ = ["DaemonCall", "NamedTensors", "buckets", "engine_failure", "on_all", "tensor_bytes",
+           "weight_update_session", "with_last"]
 
 T = TypeVar("T")
 E = TypeVar("E")
@@ -136,3 +137,31 @@ def weight_update_session(engines: Sequence[Any]) -> Iterator[None]:
     for engine, err in zip(opened, ended):
         if err is not None:
             raise engine_failure(engine, "end_weight_update failed after the push", err) from err
+
+
+class DaemonCall:
+    """``call()`` for one engine in a daemon thread (``done`` set when it returned or raised, ``error``):
+    a request that hangs (a server stuck in a broadcast) must not keep the trainer waiting or its
+    process from exiting. ``what`` names it in the thread's name."""
+
+    def __init__(self, engine: Any, call: Callable[[], Any], what: str) -> None:
+        self.engine, self.what, self.error = engine, what, None
+        self.done = threading.Event()
+        threading.Thread(target=self._run, args=(call,), daemon=True, name=f"weight-{what}-{engine.name}").start()
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        try:
+            call()
+        except BaseException as e:  # noqa: BLE001  (read by the transport, which names the engine)
+            self.error = e
+        finally:
+            self.done.set()
+
+    @property
+    def failed(self) -> bool:
+        return self.done.is_set() and self.error is not None
+
+    def outcome(self) -> str:
+        if not self.done.is_set():
+            return "still waiting (its server leaves the group when the group times out)"
+        return f"failed: {self.error}" if self.error is not None else "done"

@@ -48,6 +48,7 @@ import torch
 from hacrl_megatron.net import bound_tcp_store, free_port, node_address_towards
 from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineError, EngineUnreachable
 from hacrl_megatron.sync.base import (
+    DaemonCall,
     NamedTensors,
     buckets,
     on_all,
@@ -174,36 +175,9 @@ def broadcast_async(group: Any, tensor: torch.Tensor) -> Any:
 ABANDON_GRACE_S = 30.0  # a failed push: how long the other members get to finish or leave the group
 
 
-class _Request:
-    """One engine's request for one bucket, sent from a daemon thread: a request that hangs (a
-    server stuck in the broadcast) must not keep the trainer waiting or its process from exiting."""
-
-    def __init__(self, engine: Any, call: Callable[[], Any], what: str) -> None:
-        self.engine, self.what, self.error = engine, what, None
-        self.done = threading.Event()
-        threading.Thread(target=self._run, args=(call,), daemon=True, name=f"weight-{what}-{engine.name}").start()
-
-    def _run(self, call: Callable[[], Any]) -> None:
-        try:
-            call()
-        except BaseException as e:  # noqa: BLE001  (read by the transport, which names the engine)
-            self.error = e
-        finally:
-            self.done.set()
-
-    @property
-    def failed(self) -> bool:
-        return self.done.is_set() and self.error is not None
-
-    def outcome(self) -> str:
-        if not self.done.is_set():
-            return "still waiting (its server leaves the group when the group times out)"
-        return f"failed: {self.error}" if self.error is not None else "done"
-
-
 @dataclass
 class _InFlight:
-    requests: list[_Request]
+    requests: list[DaemonCall]
     work: Any
     flat: torch.Tensor  # kept alive until the broadcast completed
 
@@ -335,7 +309,7 @@ class DistributedTransport:
     # ---- one push --------------------------------------------------------------------------
     def _launch(self, engines: Sequence[BroadcastWeightLoader], flat: torch.Tensor, meta: dict[str, list],
                 last: bool, version: int) -> _InFlight:
-        requests = [_Request(e, functools.partial(e.update_weights_from_distributed, **meta, group_name=self._group_id,
+        requests = [DaemonCall(e, functools.partial(e.update_weights_from_distributed, **meta, group_name=self._group_id,
                                                   flush_cache=last, version=version), "bucket")
                     for e in engines]
         return _InFlight(requests, broadcast_async(self._group, flat), flat)
@@ -362,7 +336,7 @@ class DistributedTransport:
                           "" if any(r.failed for r in inflight.requests)
                           else f"an engine did not answer within {self.timeout_s:.0f} s")
 
-    def _abandon(self, inflight: _InFlight, failed: list[_Request], why: str = "") -> None:
+    def _abandon(self, inflight: _InFlight, failed: list[DaemonCall], why: str = "") -> None:
         """End a failed push without leaving the trainer's side of the broadcast outstanding, then raise.
 
         An engine that refused its bucket never joined the broadcast, so rank 0's send to its ranks
@@ -379,7 +353,7 @@ class DistributedTransport:
                 group.abort()
             except Exception:  # noqa: BLE001  (already torn down)
                 pass
-        leaving = [_Request(e, functools.partial(e.destroy_weights_update_group, group_id), "leave") for e in members]
+        leaving = [DaemonCall(e, functools.partial(e.destroy_weights_update_group, group_id), "leave") for e in members]
         deadline = time.monotonic() + min(ABANDON_GRACE_S, self.timeout_s)
         while not inflight.work.is_completed() and time.monotonic() < deadline:
             time.sleep(0.01)
