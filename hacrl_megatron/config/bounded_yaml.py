@@ -31,8 +31,8 @@ MAX_DEPTH = 32  # nested mappings/sequences
 MAX_BASE_CHAIN = 16  # presets in one ``base:`` chain
 
 _SHORT = reprlib.Repr()
-_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlist, _SHORT.maxdict, _SHORT.maxlevel = 80, 80, 6, 6, 3
-_SHORT.maxlong = 40
+_SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel, _SHORT.maxlong = 80, 80, 3, 40
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 16  # a config's lists are short: show them
 
 
 def short_repr(value: Any) -> str:

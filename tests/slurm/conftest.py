@@ -35,7 +35,8 @@ def slurm_bed(tmp_path_factory):
         if os.environ.get("HACRL_REQUIRE_SLURM") == "1":
             pytest.fail(f"HACRL_REQUIRE_SLURM=1 but {why}")
         pytest.skip(why)
-    bed = bed_module.SlurmBed(tmp_path_factory.mktemp("slurm"))
+    # HACRL_SLURM_NICE: the jobs' nice value (a machine busy with other work can starve Ray's startup)
+    bed = bed_module.SlurmBed(tmp_path_factory.mktemp("slurm"), nice=int(os.environ.get("HACRL_SLURM_NICE", "0")))
     bed.start()
     try:
         yield bed
