@@ -138,8 +138,8 @@ class ServerActor:
                 "gpus": [int(g) for g in ray.get_gpu_ids()]}
 
     def nccl_version(self) -> list[int] | None:
-        """The NCCL the server's interpreter loads on this node (``sync/nccl_version.py``), or None."""
-        from hacrl_megatron.sync.nccl_version import server_nccl_version
+        """The NCCL the server's interpreter loads on this node (``rollout/nccl_probe.py``), or None."""
+        from hacrl_megatron.rollout.nccl_probe import server_nccl_version
 
         version = server_nccl_version(self.server)
         return None if version is None else list(version)
@@ -281,7 +281,7 @@ class RemoteServer:
         """The NCCL of the server's interpreter, read by its actor on its node; None when unknown."""
         import ray
 
-        from hacrl_megatron.sync.nccl_version import PROBE_TIMEOUT_S
+        from hacrl_megatron.rollout.nccl_probe import PROBE_TIMEOUT_S
 
         try:
             return self._call("nccl_version", timeout=PROBE_TIMEOUT_S + ACTOR_CALL_TIMEOUT_S)

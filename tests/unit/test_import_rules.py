@@ -309,6 +309,9 @@ def test_method_comparison_checker_sees_fields_names_and_membership(tmp_path):
 # ---- an engine's routes stay in its client (rollout/): transports call the client's methods ---------------
 ROUTE_UNIT = "rollout"
 ROUTE = re.compile(r"/[a-z][a-z_]*")
+# Linux's process filesystem, read by rollout/server_guard.py (a server's leftovers) and reward/pool.py
+# (a checker's): a path, not an engine route
+NOT_ROUTES = frozenset({"/proc"})
 SGLANG_ROUTES = {"/generate", "/health", "/update_weights_from_disk", "/update_weights_from_tensor",
                  "/init_weights_update_group", "/update_weights_from_distributed", "/destroy_weights_update_group",
                  "/release_memory_occupation", "/resume_memory_occupation"}
@@ -335,7 +338,7 @@ def engine_routes(root: Path = None) -> set[str]:
         pieces = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
         for node in ast.walk(tree):
             if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in pieces
-                    and ROUTE.fullmatch(node.value)):
+                    and ROUTE.fullmatch(node.value) and node.value not in NOT_ROUTES):
                 found.add(node.value)
     return found
 
