@@ -101,8 +101,9 @@ class SlurmBed:
     """The two-node cluster under ``root`` (see module docstring). Use as a context manager or call
     :meth:`start` / :meth:`stop`."""
 
-    def __init__(self, root: str | Path, *, cpus_per_node: int = 1, ray_cpus: int = 1) -> None:
+    def __init__(self, root: str | Path, *, cpus_per_node: int = 1, ray_cpus: int = 1, nice: int = 0) -> None:
         self.root = Path(root).resolve()
+        self.nice = nice  # of the slurmd daemons, hence of every job's processes
         self.cpus_per_node = cpus_per_node
         self.ray_cpus = ray_cpus
         self.conf = self.root / "etc" / "slurm.conf"
@@ -111,6 +112,7 @@ class SlurmBed:
         self.munge_socket = self.root / "munge" / "munge.socket"
         self.procs: dict[str, subprocess.Popen] = {}
         self.ray_temp_dirs: list[Path] = []
+        self.ray_ports: dict[str, dict[str, int]] = {}  # node -> {`ray start` port flag: port}
         host = CTLD_ADDR
         self.ctld_port, self.dbd_port, self.db_port, *node_ports = free_ports(host, 3 + len(NODES))
         self.node_ports = dict(zip(NODES, node_ports))
@@ -208,13 +210,18 @@ StorageLoc=slurm_acct_db
                  'case "$SLURMD_NODENAME" in']
         tag = os.urandom(3).hex()
         self.ray_temp_dirs = [Path(f"/tmp/hsb{tag}_{node}") for node in NODES]
+        self.ray_ports = {}
         for node, ip in NODES.items():
             block = ray_port_block(ip)
+            self.ray_ports[node] = dict(zip(RAY_PORT_FLAGS, block))
             flags = [f"--{f}={p}" for f, p in zip(RAY_PORT_FLAGS, block)]
             flags += [f"--min-worker-port={block[len(RAY_PORT_FLAGS)]}", f"--max-worker-port={block[-1]}"]
             # --temp-dir on every node: a worker node without one uses the head's folder, and two
             # raylets on one machine would share its socket files
-            args = " ".join([f"--temp-dir=/tmp/hsb{tag}_{node}", f"--num-cpus={self.ray_cpus}", *flags])
+            # no log monitor: one Python process less per node while Ray starts (its raylet gives the
+            # dashboard agent a fixed 15 s, tight on a loaded machine)
+            args = " ".join([f"--temp-dir=/tmp/hsb{tag}_{node}", f"--num-cpus={self.ray_cpus}",
+                             "--include-log-monitor=false", *flags])
             lines.append(f'  {node}) echo "export HACRL_RAY_START_ARGS={args}" ;;')
         lines += ["esac", ""]
         return "\n".join(lines)
@@ -304,9 +311,9 @@ StorageLoc=slurm_acct_db
         self._spawn("slurmctld", ["slurmctld", "-D", "-i"], host=CTLD_HOST)
         self._wait("slurmctld", lambda: _port_open(CTLD_ADDR, self.ctld_port), timeout_s, ("slurmctld",))
         for node in NODES:
-            # not niced: Ray's raylet gives its dashboard agent a fixed 15 s to start, which a niced
-            # job on a busy machine misses (the raylet then exits and `ray start` fails)
-            self._spawn(f"slurmd-{node}", ["slurmd", "-D", "-N", node], host=node)
+            # nice 0 by default: Ray's raylet gives its dashboard agent a fixed 15 s to start and
+            # `ray start` the raylet 30 s to register, which a niced job on a busy machine misses
+            self._spawn(f"slurmd-{node}", ["nice", "-n", str(self.nice), "slurmd", "-D", "-N", node], host=node)
         self._wait("nodes n1 and n2 idle", lambda: self.node_states() == {n: "idle" for n in NODES}, timeout_s,
                    tuple(self.procs))
 

@@ -140,12 +140,20 @@ else
     RAY_AUTH_TOKEN=$(cat "$TOKEN_FILE") || exit 1
     export RAY_AUTH_TOKEN
   fi
-  "${RAY[@]}" start --block --address="$RAY_ADDRESS" --node-ip-address="$NODE_IP" "${RAY_ARGS[@]}" &
-  RAY_PID=$!
   trap 'stop_ray; exit 0' TERM
-  # leave as soon as the head is gone (before srun --wait=60 would kill this task)
-  while kill -0 "$RAY_PID" 2>/dev/null && head_up; do sleep 5; done
-  if head_up; then echo "[hacrl] Ray on ${SLURMD_NODENAME:-$(hostname)} exited while the head is up" >&2; wait "$RAY_PID"; exit 1; fi
+  # Ray's startup has fixed limits (its raylet waits 15 s for the dashboard agent, `ray start` 30 s for
+  # the raylet to register) that a busy node can miss: a Ray that ends while the head is up is started
+  # again, three starts in all. Leave as soon as the head is gone (before srun --wait=60 kills this task).
+  for attempt in 1 2 3; do
+    "${RAY[@]}" start --block --address="$RAY_ADDRESS" --node-ip-address="$NODE_IP" "${RAY_ARGS[@]}" &
+    RAY_PID=$!
+    while kill -0 "$RAY_PID" 2>/dev/null && head_up; do sleep 5; done
+    head_up || break
+    wait "$RAY_PID"
+    RAY_PID=""
+    echo "[hacrl] Ray on ${SLURMD_NODENAME:-$(hostname)} exited while the head is up (start $attempt of 3)" >&2
+  done
+  if head_up; then exit 1; fi
   stop_ray
   exit 0
 fi
