@@ -57,7 +57,7 @@ def paired(out: Path, reference: str, last: int) -> dict[str, Any]:
                         for s in seeds]
             for metric in sorted(set.intersection(*(set(a) & set(b) for a, b in per_seed))) if per_seed else []:
                 diffs = [a[metric] - b[metric] for a, b in per_seed]
-                se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else float("nan")
+                se = statistics.stdev(diffs) / len(diffs) ** 0.5 if len(diffs) > 1 else None  # one seed: none
                 table.setdefault(agent, {}).setdefault(method, {})[metric] = {
                     "n": len(diffs), "seeds": seeds, "mean": statistics.fmean(diffs), "se": se,
                     "above": sum(d > 0 for d in diffs), "level": sum(d == 0 for d in diffs),
@@ -80,7 +80,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for agent, methods in table.items():
         for method, metrics in methods.items():
             for metric, v in metrics.items():
-                print(f"| {agent} | {method} | {metric} | {v['n']} | {v['mean']:+.3f} ± {v['se']:.3f} | "
+                se = "n/a" if v["se"] is None else f"{v['se']:.3f}"
+                print(f"| {agent} | {method} | {metric} | {v['n']} | {v['mean']:+.3f} ± {se} | "
                       f"{v['above']} / {v['level']} / {v['below']} |")
     if args.json:
         args.json.write_text(json.dumps(table, indent=1))
