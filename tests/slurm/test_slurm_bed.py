@@ -21,7 +21,7 @@ def sacct_state(bed, job_id: str, timeout_s: float = 60.0) -> str:
     while time.monotonic() < deadline:
         out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job_id, "-o", "State"], capture_output=True,
                              text=True, env=bed.env())
-        state = out.stdout.strip()
+        state = (out.stdout.split() or [""])[0]  # "CANCELLED by 0" -> CANCELLED
         if state and state not in ("PENDING", "RUNNING", "REQUEUED", "COMPLETING"):
             return state
         time.sleep(1)

@@ -113,11 +113,17 @@ def launch(bed, tmp_path: Path, name: str, *args: str, overrides: list[str], det
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
 
 
-def job_id(bed, name: str) -> str:
-    """The Slurm id of NeMo-Run's job for task ``name`` (its job name is ``<account>-<account>.<name>``)."""
-    out = subprocess.run(["sacct", "-n", "-X", "-P", f"--name=hacrl-hacrl.{name}", "-o", "JobID"],
-                         capture_output=True, text=True, env=bed.env(), check=True)
-    ids = out.stdout.split()
+def job_id(bed, name: str, timeout_s: float = 60.0) -> str:
+    """The Slurm id of NeMo-Run's job for task ``name`` (its job name is ``<account>-<account>.<name>``);
+    the accounting record follows the submission by a moment."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        out = subprocess.run(["sacct", "-n", "-X", "-P", f"--name=hacrl-hacrl.{name}", "-o", "JobID"],
+                             capture_output=True, text=True, env=bed.env(), check=True)
+        ids = out.stdout.split()
+        if ids or time.monotonic() > deadline:
+            break
+        time.sleep(1)
     assert len(ids) == 1, out.stdout
     return ids[0]
 
