@@ -82,7 +82,8 @@ forget_head() { if [ -n "$WROTE_HEAD" ]; then rm -f "$HEAD_FILE"; fi; }
 # one line naming the node and exit 1 when there is none
 node_ip() { "$PY" -m hacrl_megatron.launch.slurm_ray ip __IP_ARGS__; }
 __HELPERS__if [ "$NODEID" = "0" ]; then
-  trap 'stop_ray; forget_token; forget_head; exit 143' TERM
+  # the files first: Slurm's KillWait may end this script while Ray drains (scancel, a time limit)
+  trap 'forget_token; forget_head; stop_ray; exit 143' TERM
   HEAD_IP="${HACRL_RAY_HEAD_IP:-$(node_ip)}" || exit 1
   export RAY_ADDRESS="$HEAD_IP:$PORT"
   # a one-node job outside Slurm runs on 127.0.0.1, which Ray would turn into the machine's network
@@ -106,14 +107,14 @@ __HELPERS__if [ "$NODEID" = "0" ]; then
       --include-dashboard=false "${RAY_ARGS[@]}" __HEAD_ARGS__&
   RAY_PID=$!
   if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT"; then
-    stop_ray; forget_token; forget_head; exit 1
+    forget_token; forget_head; stop_ray; exit 1
   fi
   __COMMAND__
   rc=$?
   echo "[hacrl] command exited with status $rc; stopping Ray"
-  stop_ray
   forget_token
   forget_head
+  stop_ray
   exit $rc
 else
   NODE_IP=$(node_ip) || exit 1

@@ -94,7 +94,9 @@ def test_token_file_steps_in_the_script():
     # the head writes it (umask 077: mode 0600) and renames it into place before its port opens
     write = head.index('umask 077 && printf')
     assert write < head.index("start --head") and 'mv -f "$TOKEN_FILE.tmp" "$TOKEN_FILE"' in head
-    assert head.index("forget_token\n  forget_head\n  exit $rc") > head.index("stop_ray\n  forget_token")
+    # the files go before Ray stops (a scancel's KillWait may end the script while Ray drains)
+    assert "forget_token\n  forget_head\n  stop_ray\n  exit $rc" in head
+    assert "trap 'forget_token; forget_head; stop_ray; exit 143' TERM" in head
     # the head's address file: written after the token and before the port opens, read by the workers
     assert write < head.index('mv -f "$HEAD_FILE.tmp" "$HEAD_FILE"') < head.index("start --head")
     assert worker.index('HEAD_IP=$(cat "$HEAD_FILE")') < worker.index("until head_up")
