@@ -168,6 +168,9 @@ def test_cpu_demo_trains_across_two_slurm_nodes(bed, tmp_path):
 
 
 @pytest.mark.timeout(2400)
+@pytest.mark.xfail(strict=True, reason="Ray agents refuse a hacrl launch job on CPU nodes: its nodes carry "
+                   "hacrl_node_<k> resources while $HACRL_GPUS_PER_NODE is unset (no --gpus-per-node); measured "
+                   "under this Slurm, the job ends FAILED before any rank starts")
 def test_megatron_ranks_on_both_slurm_nodes(bed, tmp_path):
     """A Megatron agent as two Ray ranks (DP2); each Ray node offers one CPU, so one rank per node."""
     with Watch(bed) as watch:
