@@ -35,12 +35,14 @@ def job_nodes(ray: Any) -> list[int]:
 
 def gpus_per_node(ray: Any, who: str) -> int | None:
     """``$HACRL_GPUS_PER_NODE`` as a positive int; None on a cluster without per-node resources (one
-    host, a plain Ray cluster). Raises ValueError naming ``who`` and the variable when the cluster
-    carries them (a launched multi-node job follows its plan) and the variable is unset or bad."""
+    host, a plain Ray cluster) and on one without GPUs (a CPU job: the plan places GPUs, so there is
+    nothing to map and Ray places CPU ranks and engines). Raises ValueError naming ``who`` and the
+    variable when a GPU cluster carries them (a launched multi-node job follows its plan) and the
+    variable is unset or bad."""
     raw = os.environ.get(GPUS_PER_NODE_ENV, "").strip()
     nodes = job_nodes(ray)
     if not raw:
-        if len(nodes) > 1:
+        if len(nodes) > 1 and float(ray.cluster_resources().get("GPU", 0.0)) > 0:
             raise ValueError(f"{who}: this Ray cluster's {len(nodes)} nodes carry hacrl_node_<k> resources (a hacrl "
                              f"launch job following its plan) but ${GPUS_PER_NODE_ENV} is unset: set it to the GPUs "
                              "per node the plan was made for")

@@ -19,9 +19,10 @@ from tests.e2e.test_trainer import tiny_exp
 class FakeRay:
     """``cluster_resources``, ``nodes`` and ``util.placement_group_table`` of a 4-node job, 2 GPUs each."""
 
-    def __init__(self, nodes: int = 4, groups: dict | None = None) -> None:
+    def __init__(self, nodes: int = 4, groups: dict | None = None, gpus: int = 2) -> None:
+        gpu = {"GPU": float(gpus)} if gpus else {}
         self._nodes = [{"NodeID": f"id{k}", "Alive": True, "NodeManagerAddress": f"127.0.0.{k + 2}",
-                        "Resources": {"GPU": 2.0, "CPU": 2.0, f"hacrl_node_{k}": 1000.0}} for k in range(nodes)]
+                        "Resources": {**gpu, "CPU": 2.0, f"hacrl_node_{k}": 1000.0}} for k in range(nodes)]
         table = groups or {}
         self.util = type("util", (), {"placement_group_table": staticmethod(lambda: table)})
 
@@ -44,6 +45,7 @@ def test_job_nodes_and_gpus_per_node(monkeypatch):
                                          r".* \$HACRL_GPUS_PER_NODE is unset"):
         gpus_per_node(ray, "agent 'llama'")
     assert gpus_per_node(FakeRay(nodes=1), "x") is None  # one node: nothing to map
+    assert gpus_per_node(FakeRay(gpus=0), "x") is None  # a CPU job (no --gpus-per-node): no GPUs to place
     monkeypatch.setenv("HACRL_GPUS_PER_NODE", "2")
     assert gpus_per_node(ray, "x") == 2
     monkeypatch.setenv("HACRL_GPUS_PER_NODE", "two")
