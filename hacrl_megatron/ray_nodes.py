@@ -33,19 +33,11 @@ def job_nodes(ray: Any) -> list[int]:
     return sorted(int(m.group(1)) for key in ray.cluster_resources() if (m := _NODE.fullmatch(key)))
 
 
-def gpus_per_node(ray: Any, who: str) -> int | None:
-    """``$HACRL_GPUS_PER_NODE`` as a positive int; None on a cluster without per-node resources (one
-    host, a plain Ray cluster) and on one without GPUs (a CPU job: the plan places GPUs, so there is
-    nothing to map and Ray places CPU ranks and engines). Raises ValueError naming ``who`` and the
-    variable when a GPU cluster carries them (a launched multi-node job follows its plan) and the
-    variable is unset or bad."""
+def gpus_per_node_setting(who: str) -> int | None:
+    """``$HACRL_GPUS_PER_NODE`` as a positive int, or None when unset; a bad value raises ValueError
+    naming ``who`` and the variable. Whether an unset value is allowed is the caller's to say."""
     raw = os.environ.get(GPUS_PER_NODE_ENV, "").strip()
-    nodes = job_nodes(ray)
     if not raw:
-        if len(nodes) > 1 and float(ray.cluster_resources().get("GPU", 0.0)) > 0:
-            raise ValueError(f"{who}: this Ray cluster's {len(nodes)} nodes carry hacrl_node_<k> resources (a hacrl "
-                             f"launch job following its plan) but ${GPUS_PER_NODE_ENV} is unset: set it to the GPUs "
-                             "per node the plan was made for")
         return None
     try:
         value = int(raw)
@@ -53,6 +45,21 @@ def gpus_per_node(ray: Any, who: str) -> int | None:
         value = 0
     if value < 1:
         raise ValueError(f"{who}: ${GPUS_PER_NODE_ENV}={raw!r}: must be a positive GPU count per node")
+    return value
+
+
+def gpus_per_node(ray: Any, who: str) -> int | None:
+    """``$HACRL_GPUS_PER_NODE`` as a positive int; None on a cluster without per-node resources (one
+    host, a plain Ray cluster) and on one without GPUs (a CPU job: the plan places GPUs, so there is
+    nothing to map and Ray places CPU ranks and engines). Raises ValueError naming ``who`` and the
+    variable when a GPU cluster carries them (a launched multi-node job follows its plan) and the
+    variable is unset or bad."""
+    value = gpus_per_node_setting(who)
+    nodes = job_nodes(ray)
+    if value is None and len(nodes) > 1 and float(ray.cluster_resources().get("GPU", 0.0)) > 0:
+        raise ValueError(f"{who}: this Ray cluster's {len(nodes)} nodes carry hacrl_node_<k> resources (a hacrl "
+                         f"launch job following its plan) but ${GPUS_PER_NODE_ENV} is unset: set it to the GPUs "
+                         "per node the plan was made for")
     return value
 
 

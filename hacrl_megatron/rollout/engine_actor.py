@@ -26,6 +26,7 @@ from hacrl_megatron.ray_nodes import (  # noqa: F401  (re-exported: the names en
     NODE_RESOURCE,
     describe_node,
     gpus_per_node,
+    gpus_per_node_setting,
     placement_timeout,
 )
 from hacrl_megatron.rollout.protocol import EngineNodeLost
@@ -39,15 +40,9 @@ def planned_nodes(gpu_groups: list[list[int] | None], agent: str) -> list[int | 
     """The node index of each engine (its first GPU's job-wide index ``node · gpus_per_node + local``,
     docs/planner.md) when this job says how many GPUs a node has (``$HACRL_GPUS_PER_NODE``), else
     None for every engine (Ray's SPREAD places them anywhere)."""
-    raw = os.environ.get(GPUS_PER_NODE_ENV, "").strip()
-    if not raw:
+    per_node = gpus_per_node_setting(f"agent {agent!r}")
+    if per_node is None:
         return [None] * len(gpu_groups)
-    try:
-        per_node = int(raw)
-    except ValueError:
-        per_node = 0
-    if per_node < 1:
-        raise ValueError(f"${GPUS_PER_NODE_ENV}={raw!r}: must be a positive GPU count per node")
     nodes: list[int | None] = []
     for group in gpu_groups:
         if not group:
