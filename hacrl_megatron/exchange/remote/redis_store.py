@@ -61,8 +61,8 @@ class RedisStore(ExchangeStore):
                  ca_file: str | os.PathLike | None = None, key: bytes | None = None,
                  limits: Limits = DEFAULT_LIMITS, timeout_s: float = 10.0) -> None:
         super().__init__(run_id, key=key, limits=limits)
+        self.url = check_url(url)  # the URL's own mistakes are named first, with or without the package
         redis = _import_redis()
-        self.url = check_url(url)
         self._errors = redis.RedisError
         options: dict[str, Any] = {"socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
         if password_file is not None:
