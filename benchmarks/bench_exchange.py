@@ -39,7 +39,9 @@ def record(run_id: str, step: int, agent: str, prompts: int, group: int, chars: 
                       finish_reasons=[["eos"] * group for _ in range(prompts)],
                       rewards=[[float(j % 2) for j in range(group)] for _ in range(prompts)],
                       logp_sums=[[-123.456789 - j for j in range(group)] for _ in range(prompts)],
-                      lengths=[[chars // 4] * group for _ in range(prompts)], positive_rate=0.5)
+                      lengths=[[chars // 4] * group for _ in range(prompts)],
+                      response_tokens=[[chars // 4 - 1] * group for _ in range(prompts)], positive_rate=0.5,
+                      config_digest="sha256:" + "0" * 64)
 
 
 def time_backend(make, size: str, steps: int, keep_steps: int) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """`hacrl` command line: one entry point, one sub-command per job.
 
-    hacrl train [--preset NAME|FILE] [dotted.key=value ...]    HACRL training (default: the CPU demo)
+    hacrl train [--preset NAME|FILE] [--agent NAME] [key=value ...]  HACRL training (default: the CPU demo)
     hacrl pretrain [--preset ...] [overrides ...]              supervised warm-up of every agent (cached)
     hacrl eval ...                                             evaluate an agent on benchmarks
     hacrl convert ...                                          HF / GGUF ↔ Megatron checkpoints
@@ -154,6 +154,11 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = new_run_folders(cfg)
         print(f"hacrl: --new: this run writes to {cfg.output_dir}", file=sys.stderr)
     _check_files(cfg)  # before any import of torch, warm-up or model build
+    if args.agent is not None:
+        from hacrl_megatron.trainer.peers import agent_index, check_exchange_config
+
+        agent_index(cfg, args.agent)
+        check_exchange_config(cfg)
     log_to_console()
     from hacrl_megatron.agents.ray_placement import TrainerNodeLost
     from hacrl_megatron.trainer.guards import NonFiniteError
@@ -161,7 +166,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         from hacrl_megatron.trainer.loop import train
 
-        train(cfg)
+        train(cfg, agent=args.agent)
     except KeyboardInterrupt:  # Ctrl-C: one line saying where to continue from, exit 130 (128 + SIGINT)
         print(f"hacrl: interrupted; {resume_note(cfg)}", file=sys.stderr)
         return 130
@@ -200,6 +205,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--new", action="store_true",
                    help="start a fresh run in a new sibling folder <output_dir>-<UTC time> (and checkpoint.dir "
                         "likewise when set) instead of refusing a folder that holds a run")
+    p.add_argument("--agent", metavar="NAME",
+                   help="train only agent NAME of the config, as its own job: it meets the other agents' jobs through "
+                        "exchange.backend shared_dir or redis (docs/exchange.md)")
     p.set_defaults(func=_cmd_train)
     p = sub.add_parser("pretrain", help="supervised warm-up of every agent, cached for `train`")
     _add_config_args(p)

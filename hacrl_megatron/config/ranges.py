@@ -152,6 +152,8 @@ NUMBERS: dict[str, Interval] = {
     "log.samples_every": _i(0, None, "steps (0: never)"),
     "log.samples_prompts": _i(1, 4096, "prompts per samples file, each with every agent's completions"),
     "log.samples_max_chars": _i(1, 1_000_000, "characters kept of each completion's text"),
+    "exchange.wait_s": _i(0, 7 * 86400, "seconds a step waits for its peers' records"),
+    "exchange.keep_steps": _i(1, 1_000_000, "steps of its own records each job keeps"),
 }
 
 
@@ -211,6 +213,24 @@ def _bind_host(value: str) -> str | None:
     return None
 
 
+def _exchange_run_id(value: str) -> str | None:
+    """Empty (the run's name) or a name for file names and Redis keys: letters, digits, ``._-``, 1-128 chars."""
+    if value == "" or (len(value) <= 128 and re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", value)):
+        return None
+    return ("must be empty (the run's name) or 1 to 128 characters of letters, digits, '.', '_' and '-' "
+            "starting with a letter or digit (it names a folder and Redis keys)")
+
+
+def _redis_url(value: str | None) -> str | None:
+    if value is None:
+        return None
+    if (len(value) > 2048 or not value.isascii() or any(c.isspace() for c in value)
+            or not re.match(r"rediss?://[^/]", value)):
+        return ("must be redis://HOST:PORT/DB or rediss://HOST:PORT/DB (TLS): ASCII, no spaces, at most 2048 "
+                "characters (omit the field when exchange.backend is not redis)")
+    return None
+
+
 def _wandb_project(value: str) -> str | None:
     return None if 0 < len(value) <= 128 else "must be 1 to 128 characters (wandb's limit)"
 
@@ -239,6 +259,12 @@ TEXTS: dict[str, Callable[[Any], str | None]] = {
     "log.wandb_entity": _wandb_optional,
     "log.wandb_group": _wandb_optional,
     "log.run_name": _wandb_optional,
+    "exchange.dir": _optional_path,
+    "exchange.redis_url": _redis_url,
+    "exchange.redis_password_file": _optional_path,
+    "exchange.redis_ca_file": _optional_path,
+    "exchange.key_file": _optional_path,
+    "exchange.run_id": _exchange_run_id,
 }
 
 

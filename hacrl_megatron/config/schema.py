@@ -380,6 +380,27 @@ class LogConfig:
     samples_max_chars: int = 2000  # each completion's text is cut at this many characters
 
 
+EXCHANGE_BACKENDS = ("local", "shared_dir", "redis")  # docs/exchange.md
+ON_MISSING = ("wait", "alone")
+
+
+@dataclass
+class ExchangeConfig:
+    """The rollout exchange between agents trained as separate jobs (``hacrl train --agent NAME``, docs/exchange.md)."""
+
+    backend: str = "local"  # local: every agent in this process | shared_dir (a folder every job reaches) | redis
+    dir: str | None = None  # shared_dir: the folder; records go to <dir>/<run_id>/step-<step>.<agent>.json
+    redis_url: str | None = None  # redis: redis://HOST:PORT/DB, or rediss:// for TLS (no password in it)
+    redis_password_file: str | None = None  # redis: a file holding the server's password (not world-readable)
+    redis_ca_file: str | None = None  # rediss://: the CA that signed the server's certificate, when not a system one
+    key_file: str | None = None  # a shared key (>= 16 bytes, not world-readable): records are signed and checked
+    run_id: str = ""  # what the run's jobs share in the exchange; "": the config's name
+    wait_s: float = 600.0  # how long a step waits for its peers' records before exchange.on_missing applies
+    on_missing: str = "wait"  # wait: keep waiting (a log line per minute naming the peer) | alone: train the step
+    # on this agent's own responses (GSPO for that step), logged as <agent>/exchange/peers_missing
+    keep_steps: int = 8  # each job deletes its own records older than this many steps (a resuming peer re-reads them)
+
+
 @dataclass
 class ExperimentConfig:
     """The whole run."""
@@ -393,6 +414,7 @@ class ExperimentConfig:
     data: DataConfig = field(default_factory=DataConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    exchange: ExchangeConfig = field(default_factory=ExchangeConfig)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -19,9 +19,11 @@ from hacrl_megatron.config.schema import (
     DTYPES,
     ENGINES,
     EOS_MODES,
+    EXCHANGE_BACKENDS,
     KL_ESTIMATORS,
     MINIBATCH_ORDERS,
     MOE_ARCHS,
+    ON_MISSING,
     RECOMPUTE,
     ROLLOUT_MODES,
     SGLANG_PYTHON_ENV,
@@ -358,6 +360,16 @@ def check_data_files(data: DataConfig) -> list[Path]:
         raise ConfigError(str(err)) from None
 
 
+def validate_exchange(cfg: ExperimentConfig) -> None:
+    """exchange.*: a known backend and on_missing policy, and the option the backend needs (docs/exchange.md)."""
+    x = cfg.exchange
+    _one_of("exchange.backend", x.backend, EXCHANGE_BACKENDS)
+    _one_of("exchange.on_missing", x.on_missing, ON_MISSING)
+    _rule(x.backend != "shared_dir" or bool(x.dir), "exchange.dir", x.dir, "required when exchange.backend=shared_dir")
+    _rule(x.backend != "redis" or bool(x.redis_url), "exchange.redis_url", x.redis_url,
+          "required when exchange.backend=redis")
+
+
 def validate(cfg: ExperimentConfig) -> ExperimentConfig:
     """Check every rule; raise ConfigError naming field, value and rule. Returns ``cfg``.
 
@@ -452,6 +464,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     for tag in cfg.log.wandb_tags:
         _rule(0 < len(tag) <= 64, "log.wandb_tags", cfg.log.wandb_tags, f"tag {tag!r} must be 1 to 64 characters "
               "(wandb's limit)")
+    validate_exchange(cfg)
     _rule(not cfg.checkpoint.export_best or (t.eval_every > 0 and (cfg.data.eval_size > 0 or cfg.data.eval_benchmarks)),
           "checkpoint.export_best", True, "needs evaluations to pick the best step: train.eval_every > 0 and "
           "data.eval_size > 0 or data.eval_benchmarks")

@@ -37,6 +37,10 @@ class Trajectory:
             computed by the source's trainer before any update of the step; NaN until then
             (fill it with :meth:`with_logp`).
         policy_version: the source's optimizer-step count when it sampled (staleness checks).
+        remote_tokens: None for a trajectory sampled in this process. For one received from a peer
+            job through the exchange (exchange/remote): the author's response token count without
+            its eos, while ``token_ids`` stays empty — ids never cross between jobs, every learner
+            re-encodes ``response_text`` (the author's decoding, special tokens skipped).
     """
 
     prompt_id: str
@@ -49,6 +53,7 @@ class Trajectory:
     source_len: int
     policy_version: int = 0
     source_logp_sum: float = field(default=math.nan)
+    remote_tokens: int | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:
@@ -57,7 +62,10 @@ class Trajectory:
             )
         if not isinstance(self.token_ids, tuple):
             object.__setattr__(self, "token_ids", tuple(int(t) for t in self.token_ids))
-        expected = len(self.token_ids) + (1 if self.finish_reason == "eos" else 0)
+        if self.remote_tokens is not None and (self.token_ids or self.remote_tokens < 0):
+            raise ValueError(f"Trajectory.remote_tokens={self.remote_tokens!r}: a peer's trajectory has no token_ids "
+                             "and a count >= 0")
+        expected = self.num_tokens + (1 if self.finish_reason == "eos" else 0)
         if self.source_len < 0 or self.source_len > expected:
             raise ValueError(
                 f"Trajectory.source_len={self.source_len}: must lie in [0, {expected}] "
@@ -65,6 +73,16 @@ class Trajectory:
             )
         if not math.isfinite(self.reward):
             raise ValueError(f"Trajectory.reward={self.reward!r}: must be finite")
+
+    @property
+    def num_tokens(self) -> int:
+        """The source's response token count, without the eos that ended it."""
+        return len(self.token_ids) if self.remote_tokens is None else self.remote_tokens
+
+    @property
+    def is_remote(self) -> bool:
+        """Received from a peer job: text only, no source token ids."""
+        return self.remote_tokens is not None
 
     @classmethod
     def from_completion(

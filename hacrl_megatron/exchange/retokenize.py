@@ -42,7 +42,7 @@ def encode_text(tokenizer: Any, text: str, *, split_special_tokens: bool = False
     return list(tokenizer(text, add_special_tokens=False, **kwargs)["input_ids"])
 
 
-def _batch_decode(tokenizer: Any, batch: list[list[int]]) -> list[str]:
+def batch_decode(tokenizer: Any, batch: list[list[int]]) -> list[str]:
     """:func:`decode_response` for many sequences; the Rust backend directly when there is one
     (transformers' per-id Python conversion costs more than the decoding itself)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -134,11 +134,13 @@ class Exchange:
     """All agents' tokenizers; builds every learner's views of a step's trajectories.
 
     Fingerprints are computed once here, so identical tokenizers (e.g. two SmolLM2 agents) keep
-    source ids verbatim while different ones re-encode text (docs/algorithm.md §6).
+    source ids verbatim while different ones re-encode text (docs/algorithm.md §6). ``remote``: agents
+    trained by other jobs (``hacrl train --agent``), whose tokenizers this process does not hold: their
+    trajectories arrive as text (:attr:`Trajectory.is_remote`) and every learner here re-encodes it.
     """
 
     def __init__(self, tokenizers: Mapping[str, Any], *, eos_mode: str = "learner_eos",
-                 max_prompt_len: int, max_response_len: int) -> None:
+                 max_prompt_len: int, max_response_len: int, remote: Sequence[str] = ()) -> None:
         if eos_mode not in EOS_MODES:
             raise ValueError(f"Exchange: eos_mode={eos_mode!r} must be one of {list(EOS_MODES)}")
         for name, value in (("max_prompt_len", max_prompt_len), ("max_response_len", max_response_len)):
@@ -149,6 +151,12 @@ class Exchange:
         self.max_prompt_len = max_prompt_len
         self.max_response_len = max_response_len
         self._fingerprints = {name: tokenizer_fingerprint(tok) for name, tok in self.tokenizers.items()}
+        self.remote = frozenset(remote)
+        if self.remote & self.tokenizers.keys():
+            raise ValueError(f"Exchange: agents {sorted(self.remote & self.tokenizers.keys())} are both local and remote")
+        if self.remote and eos_mode == "source_eos_text":
+            raise ValueError("Exchange: eos_mode='source_eos_text' needs every source's tokenizer; agents "
+                             f"{sorted(self.remote)} train in other jobs")
         self.stats = ExchangeStats()
 
     def pop_metrics(self, prefix: str = "") -> dict[str, float]:
@@ -178,6 +186,10 @@ class Exchange:
         """
         self._check(learner)
         for traj in trajectories:
+            if traj.is_remote != (traj.source in self.remote):
+                raise ValueError(f"Exchange.views: agent {traj.source!r}'s trajectory is "
+                                 f"{'text only' if traj.is_remote else 'tokenized'}, but the agent is "
+                                 f"{'remote' if traj.source in self.remote else 'local'} here")
             if traj.prompt_id not in prompt_ids:
                 raise KeyError(f"Exchange.views: no learner prompt ids for prompt_id={traj.prompt_id!r}")
         encoded = self._encode_cross(learner, trajectories)
@@ -186,7 +198,10 @@ class Exchange:
                 for i, traj in enumerate(trajectories)]
 
     def _keeps_ids(self, traj: Trajectory, learner: str) -> bool:
-        """Self records, and cross records between identical tokenizers, keep the sampled ids."""
+        """Self records, and cross records between identical tokenizers, keep the sampled ids (a peer
+        job's records have none: their text is always re-encoded)."""
+        if traj.is_remote:
+            return False
         return traj.source == learner or self.same_tokenizer(self._check(traj.source), learner)
 
     def _view(self, traj: Trajectory, learner: str, prompt_ids: Sequence[int],
@@ -206,7 +221,7 @@ class Exchange:
         if truncated_prompt:
             prompt = prompt[-self.max_prompt_len:]  # left-truncate: the question's end sits next to the answer
         if stats is not None:
-            stats.record(traj.source, learner, source_tokens=len(traj.token_ids), learner_tokens=len(response),
+            stats.record(traj.source, learner, source_tokens=traj.num_tokens, learner_tokens=len(response),
                          truncated_prompt=truncated_prompt, truncated_response=truncated_response,
                          roundtrip_mismatch=mismatch)
         return LearnerView(
@@ -248,10 +263,12 @@ class Exchange:
                 by_source[traj.source].append(i)
         out: dict[int, tuple[list[int], bool]] = {}
         for source, idx in by_source.items():
-            src = self.tokenizers[source]
-            texts = _batch_decode(src, [list(trajectories[i].token_ids) for i in idx])
+            if source in self.remote:  # the author's own decoding travelled with the record
+                texts = [trajectories[i].response_text for i in idx]
+            else:
+                texts = batch_decode(self.tokenizers[source], [list(trajectories[i].token_ids) for i in idx])
             ids = _batch_encode(tok, texts)
-            back = _batch_decode(tok, ids)
+            back = batch_decode(tok, ids)
             for i, text, enc, dec in zip(idx, texts, ids, back, strict=True):
                 out[i] = (list(enc), dec != text)
         return out

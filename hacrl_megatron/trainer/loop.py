@@ -41,6 +41,7 @@ from hacrl_megatron.trainer.evaluation import (
 )
 from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
+from hacrl_megatron.trainer.peers import PeerAgent, PeerExchange, agent_index, check_exchange_config
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
@@ -71,23 +72,41 @@ class Run:
     benchmarks: dict[str, list[PromptRecord]] = field(default_factory=dict)  # data.eval_benchmarks' problems
     samples: list[dict[str, Any]] = field(default_factory=list)  # the last step's samples rows (trainer/samples.py)
     best: dict[str, list[Any]] = field(default_factory=dict)  # checkpoint.export_best: agent → [score, step]
+    # every agent of the run in config order: the runtimes, and a PeerAgent for each agent another job trains
+    agents: list[Any] = field(default_factory=list)
+    peers: PeerExchange | None = None  # `hacrl train --agent`: the exchange with the other jobs (trainer/peers.py)
+
+    def __post_init__(self) -> None:
+        self.agents = self.agents or list(self.runtimes)
 
     @property
     def names(self) -> list[str]:
+        """The agents trained in this process."""
         return [rt.name for rt in self.runtimes]
 
+    @property
+    def all_names(self) -> list[str]:
+        """Every agent of the run, config order (equal to :attr:`names` unless agents train as separate jobs)."""
+        return [a.name for a in self.agents]
 
-def setup(exp: ExperimentConfig) -> Run:
+
+def setup(exp: ExperimentConfig, agent: str | None = None) -> Run:
+    """Build the run; ``agent``: only that agent of ``exp``, which meets its peers' jobs through the
+    configured exchange (``hacrl train --agent``, trainer/peers.py)."""
+    own = None if agent is None else agent_index(exp, agent)
+    if own is not None:
+        check_exchange_config(exp)
     # data first: a missing, empty or malformed data file fails before any warm-up or model build
     d = exp.data  # no held-out prompts when the run never evaluates (train.eval_every=0)
     task, eval_records = task_and_eval_set(d.task, d.difficulty, d.seed, d.path,
                                            d.eval_size if exp.train.eval_every else 0, **dataset_options(d))
     benchmarks = load_eval_benchmarks(d.eval_benchmarks, d.benchmark_paths, d.eval_limit, d.difficulty, d.seed)
     configure_process(exp)
-    exp = apply_warmup(exp)
+    exp = apply_warmup(exp, only=agent)
     total_updates = exp.train.steps * exp.train.mini_batches
     algorithm = build_algorithm(exp.hacpo, len(exp.agents))
-    runtimes = _build_runtimes(exp, total_updates)
+    runtimes = _build_runtimes(exp, total_updates, only=own)
+    agents = [runtimes[0] if own == i else PeerAgent(i, a.name) for i, a in enumerate(exp.agents)] if agent else runtimes
     built = [rt.close for rt in reversed(runtimes)]  # what a later failure of setup closes
     try:
         if algorithm.passes.reference_on_self:  # the KL's frozen reference: the starting weights, before any resume
@@ -95,14 +114,19 @@ def setup(exp: ExperimentConfig) -> Run:
                 rt.trainer.keep_reference()
         r, h = exp.rollout, exp.hacpo
         exchange = Exchange({rt.name: rt.tokenizer for rt in runtimes}, eos_mode=r.eos_mode,
-                            max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1)
-        tracker = CapabilityTracker(len(runtimes), window=h.capability_window, ratio_min=h.omega_min,
+                            max_prompt_len=r.max_prompt_len, max_response_len=r.max_response_len + 1,
+                            remote=[a.name for a in agents if isinstance(a, PeerAgent)])
+        tracker = CapabilityTracker(len(agents), window=h.capability_window, ratio_min=h.omega_min,
                                     ratio_max=h.omega_max, log_ratio_window=h.adaptive_window_steps)
         verifier = VerifierPool(num_workers=exp.train.verifier_workers, timeout_s=exp.train.verifier_timeout_s,
                                 mode=exp.train.verifier_mode,
                                 score_fn=custom_score_fn(exp.data.checker, reward_range=exp.data.reward_range))
         built.insert(0, verifier.close)
-        run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks)
+        run = Run(exp, algorithm, runtimes, exchange, tracker, verifier, task, eval_records, benchmarks=benchmarks,
+                  agents=agents)
+        if agent is not None:
+            run.peers = PeerExchange.open(exp, agents, runtimes[0])
+            built.insert(0, run.peers.close)
         run.source = make_source(exp.train.rollout_mode, exp.train.max_staleness, lambda i: _prompts(run, i),
                                  lambda i, prompts: stages.rollout(run.runtimes, prompts, run.exp, run.algorithm, i),
                                  lambda: {name: run.weights_version for name in run.names}, lambda: run.step,
@@ -114,15 +138,15 @@ def setup(exp: ExperimentConfig) -> Run:
     return run
 
 
-def _build_runtimes(exp: ExperimentConfig, total_updates: int) -> list[AgentRuntime]:
-    """Every agent's runtime, in config order (trainers placed in the plan's order; the engine servers of
-    all agents start together, rollout/servers.StartTogether). When one fails,
+def _build_runtimes(exp: ExperimentConfig, total_updates: int, only: int | None = None) -> list[AgentRuntime]:
+    """Every agent's runtime (or agent ``only``'s), in config order (trainers placed in the plan's order; the
+    engine servers of all agents start together, rollout/servers.StartTogether). When one fails,
     those already built are closed (their engines stopped, their placement groups released) and the
     error that stopped setup is raised."""
     runtimes: list[AgentRuntime] = []
     try:
         with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
-            for i in range(len(exp.agents)):
+            for i in range(len(exp.agents)) if only is None else [only]:
                 runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)
@@ -168,13 +192,14 @@ def _behaviour(run: Run, record: RolloutRecord) -> dict[str, list[float]]:
                                      run.step, r.temperature, r.max_response_len + 1)
 
 
-def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int) -> dict[str, float]:
+def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int,
+                     algorithm: Algorithm) -> dict[str, float]:
     """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
-    exp, algorithm, metrics, launched = run.exp, run.algorithm, {}, []
-    loss_fn = algorithm.loss_fn(run.names)
+    exp, metrics, launched = run.exp, {}, []
+    loss_fn = algorithm.loss_fn(run.all_names)
     centers = algorithm.cross_centers(run.tracker)  # adaptive cross window (docs/algorithm.md §5b)
     for rt in run.runtimes:
-        batch = stages.learner_batch(rt, run.runtimes, data, run.exchange, omega, algorithm, centers)
+        batch = stages.learner_batch(rt, run.agents, data, run.exchange, omega, algorithm, centers)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index),
                                           exp.train.minibatch_order)
         launched.append((rt, len(batch), rt.trainer.train_async(minis, loss_fn, exp.rollout.temperature)))
@@ -190,7 +215,7 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
             # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
             metrics[f"{rt.name}/hacpo/onpolicy_ratio_dev"] = max(first["self_ratio_max"] - 1, 1 - first["self_ratio_min"])
         metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
-        for other in run.runtimes:
+        for other in run.agents:
             metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
         metrics[f"{rt.name}/sequences"] = float(num_sequences)
     return metrics
@@ -242,20 +267,26 @@ def train_step(run: Run) -> dict[str, float]:
     lap("rollout")
     data = stages.verify(run.verifier, prompts, record.completions, step, exp.rollout.max_response_len + 1)
     lap("verify")
-    stages.old_logprobs(run.runtimes, data, run.exchange, run.algorithm, exp.rollout.temperature)
+    stages.old_logprobs(run.runtimes, data, run.exchange, run.algorithm, exp.rollout.temperature,
+                        cross=run.peers is None)
     data.passes.behaviour_on_self.update(behaviour)
     lap("old_logprob")
-    run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.runtimes))])
+    algorithm, missing = run.algorithm, []
+    if run.peers is not None:  # a job of `hacrl train --agent`: publish, then the peers' responses join the step
+        data, algorithm, missing = _exchange(run, data, record.versions, metrics)
+        lap("exchange")
+    if not missing:  # the tracker needs every agent's positive rate (a step trained alone leaves it as it was)
+        run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.agents))])
     omega = run.tracker.omega()
     run.samples = []
     if writes_samples(exp, step + 1):  # before the updates: the ratios and clips the first update sees
-        run.samples = sample_rows(run.runtimes, data, run.exchange, run.algorithm, omega,
-                                  run.algorithm.cross_centers(run.tracker), exp, step + 1)
+        run.samples = sample_rows(run.agents, data, run.exchange, algorithm, omega, algorithm.cross_centers(run.tracker),
+                                  exp, step + 1, learners=[rt.index for rt in run.runtimes])
         write_samples(exp.output_dir, step + 1, run.samples)
         lap("samples")
-    metrics.update(stages.reward_metrics(data, run.names))
-    metrics.update(_update_learners(run, data, omega, step))
-    run.algorithm.record_cross_statistics(run.tracker, metrics, run.names)  # used from the next step on
+    metrics.update(stages.reward_metrics(data, run.runtimes))
+    metrics.update(_update_learners(run, data, omega, step, algorithm))
+    algorithm.record_cross_statistics(run.tracker, metrics, run.all_names)  # used from the next step on
     lap("train")
     waited = run.source.stats.wait_s
     run.source.finish_in_flight()  # one_step_off: the next batch samples with the weights this step started from
@@ -264,6 +295,8 @@ def train_step(run: Run) -> dict[str, float]:
         metrics.update(_sync_engines(run, probe=prompts[0]))
         run.weights_version = step + 1
     lap("sync")
+    if run.peers is not None:
+        run.peers.prune(step)
     if "rollout/wait_s" in metrics:  # overlapping modes: the batch, the batch in flight, the call in flight
         metrics["rollout/wait_s"] = run.source.stats.wait_s
     metrics.update(run.exchange.pop_metrics(""))  # per-step statistics
@@ -272,6 +305,25 @@ def train_step(run: Run) -> dict[str, float]:
     metrics["verifier/errors"] = float(run.verifier.stats["errors"])
     run.step += 1
     return metrics
+
+
+def _exchange(run: Run, data: stages.StepData, versions: dict[str, int],
+              metrics: dict[str, float]) -> tuple[stages.StepData, Algorithm, list[str]]:
+    """Publish this job's responses of the step, wait for the peers' (exchange.on_missing), and return the
+    step's data with every agent's responses, the step's algorithm (GSPO when a peer is left out) and
+    the peers left out; the learners' π_old over the peers' responses is computed here."""
+    own, step = run.runtimes[0], run.step
+    behaviour = data.passes.behaviour_on_self
+    run.peers.publish(step, data, behaviour, versions[own.name])
+    started = time.perf_counter()
+    records, missing = run.peers.gather(step)
+    metrics[f"{own.name}/exchange/wait_s"] = time.perf_counter() - started
+    metrics[f"{own.name}/exchange/peers_missing"] = float(len(missing))
+    data = run.peers.merge(step, data, records, behaviour)
+    algorithm = run.peers.step_algorithm(run.algorithm, missing)
+    if algorithm.passes.learner_old_on_others:
+        stages.learner_old_on_others(run.runtimes, run.agents, data, run.exchange, run.exp.rollout.temperature)
+    return data, algorithm, missing
 
 
 def _save(run: Run) -> None:
@@ -347,19 +399,27 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
     return metrics
 
 
-def train(exp: ExperimentConfig) -> Run:
-    """Run (or resume) a whole experiment; returns the finished :class:`Run`.
+def train(exp: ExperimentConfig, agent: str | None = None) -> Run:
+    """Run (or resume) a whole experiment; returns the finished :class:`Run`. ``agent``: train only that
+    agent, meeting the other agents' jobs through ``exchange.*`` (``hacrl train --agent``, docs/exchange.md).
 
     Before any work the run folder is locked for the run's lifetime and checked: one run per folder,
     continued only with ``checkpoint.resume=true`` and an agreeing config (trainer/run_folder.py).
     """
     with claim_run_folder(exp) as claimed:
-        return _train(exp, claimed.run_id)
+        return _train(exp, claimed.run_id, agent)
 
 
-def _train(exp: ExperimentConfig, run_id: str = "") -> Run:
-    run = setup(exp)
+def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) -> Run:
+    run = setup(exp, agent)
     exp = run.exp
+    if run.peers is not None and not exp.checkpoint.resume:
+        try:
+            run.peers.check_fresh()  # records of this agent under the run id belong to an earlier run
+        except BaseException as err:
+            close_all([run.source.close, run.verifier.close, run.peers.close, *(rt.close for rt in run.runtimes)],
+                      primary=err)
+            raise
     resumed = exp.checkpoint.resume and _resume(run)
     out = MetricsLogger(exp, Path(exp.output_dir), exp.train.steps, start_step=run.step, run_id=run_id)
     failure = None
@@ -387,6 +447,6 @@ def _train(exp: ExperimentConfig, run_id: str = "") -> Run:
         failure = err
         raise
     finally:  # the error that stopped the run stays primary (a full disk also fails closing the metrics)
-        close_all([run.source.close, out.close, run.verifier.close, *(rt.close for rt in run.runtimes)],
-                  primary=failure)
+        closers = [run.source.close, out.close, run.verifier.close, *(rt.close for rt in run.runtimes)]
+        close_all(closers + ([run.peers.close] if run.peers is not None else []), primary=failure)
     return run

@@ -179,8 +179,9 @@ def _save_snapshot(rt: AgentRuntime, out_dir: Path, info: dict[str, Any]) -> Non
     atomic_save_dir(out_dir, save, replace=True)  # a crashed warm-up never leaves a half-written cache entry
 
 
-def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
-    """Warm up every agent that needs it; returns name → HF checkpoint dir.
+def pretrain_all(exp: ExperimentConfig, force: bool = False, only: str | None = None) -> dict[str, Path]:
+    """Warm up every agent that needs it (``only``: that agent, with the agents its warm-up run also makes);
+    returns name → HF checkpoint dir.
 
     Without ``force`` an agent's warm-up comes from the cache, else from the package's shipped
     warm-ups (same key), else it is trained into the cache.
@@ -196,6 +197,8 @@ def pretrain_all(exp: ExperimentConfig, force: bool = False) -> dict[str, Path]:
             if needs_warmup(exp, agent):
                 runs.setdefault(lead_index(exp, i), []).append(i)
         for members in runs.values():
+            if only is not None and only not in [exp.agents[i].name for i in members]:
+                continue  # `hacrl train --agent`: the other agents' jobs warm up their own
             found = {i: _existing_warmup(exp, i) for i in members}
             if force or None in found.values():  # one run writes every snapshot it makes
                 found = {i: warmup_dir(exp, i) for i in members}
@@ -220,10 +223,12 @@ def _existing_warmup(exp: ExperimentConfig, index: int) -> Path | None:
     return shipped
 
 
-def apply_warmup(exp: ExperimentConfig) -> ExperimentConfig:
-    """``exp`` with every agent that needs a warm-up pointed at its (possibly new) cached checkpoint."""
-    if not exp.train.sft_warmup or not any(needs_warmup(exp, a) for a in exp.agents):
+def apply_warmup(exp: ExperimentConfig, only: str | None = None) -> ExperimentConfig:
+    """``exp`` with every agent that needs a warm-up (or agent ``only``, when it does) pointed at its
+    (possibly new) cached checkpoint."""
+    wanted = [a for a in exp.agents if needs_warmup(exp, a) and only in (None, a.name)]
+    if not exp.train.sft_warmup or not wanted:
         return exp
-    dirs = pretrain_all(exp)
+    dirs = pretrain_all(exp, only=only)
     agents = [dataclasses.replace(a, init_checkpoint=str(dirs[a.name])) if a.name in dirs else a for a in exp.agents]
     return dataclasses.replace(exp, agents=agents)

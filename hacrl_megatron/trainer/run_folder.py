@@ -63,6 +63,7 @@ MAY_CHANGE_ON_RESUME = (
     "agents.*.parallel.sequence_parallel", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
     "rollout.sglang.*", "rollout.hf.*", "rollout.vllm.*",  # where and how the engines run, not what they sample
     "rollout.weight_sync_bucket_mb", "rollout.colocate",
+    "exchange.*",  # where the records travel and how long a step waits for them, not what they hold
 )
 
 

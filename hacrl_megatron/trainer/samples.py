@@ -80,29 +80,35 @@ def _clipped(log_s: float | None, advantage: float, center: float, algorithm: Al
 
 
 def sample_rows(runtimes: list[Any], data: StepData, exchange: Exchange, algorithm: Algorithm, omega: torch.Tensor,
-                centers: torch.Tensor | None, exp: ExperimentConfig, step: int) -> list[dict[str, Any]]:
+                centers: torch.Tensor | None, exp: ExperimentConfig, step: int,
+                learners: list[int] | None = None) -> list[dict[str, Any]]:
     """The rows of ``samples/step-<step>.jsonl`` (see the module) from a step's data after
     :func:`~hacrl_megatron.trainer.stages.old_logprobs`, with the step's ω ([n, n]) and adaptive
-    centres ([n, n] or None)."""
+    centres ([n, n] or None). ``runtimes``: every agent in config order; ``learners``: the indices whose
+    trainers run here (default: all; a job of ``hacrl train --agent`` has its own only), whose advantages
+    and cross ratios the rows show. Agents without responses in ``data`` (a peer left out) are skipped."""
     names = [rt.name for rt in runtimes]
     prompts = min(exp.log.samples_prompts, len(data.prompts))
     g = data.rewards.shape[2]
     cut = exp.log.samples_max_chars
-    advantages = {k: algorithm.advantages(data.rewards, k, omega) for k in range(len(runtimes))}  # [P, sources, G]
-    sources = {k: algorithm.sources(k) for k in range(len(runtimes))}
+    learners = list(range(len(runtimes))) if learners is None else learners
+    advantages = {k: algorithm.advantages(data.rewards, k, omega) for k in learners}  # [P, sources, G]
+    sources = {k: algorithm.sources(k) for k in learners}
     log_s = {(k, j): _learner_log_ratios(runtimes[k], data.trajectories[names[j]][:prompts * g], data, exchange,
                                          exp, prompts)
-             for k in range(len(runtimes)) for j in sources[k] if j != k}
+             for k in learners for j in sources[k] if j != k and names[j] in data.trajectories}
     rows = []
     for p, record in enumerate(data.prompts[:prompts]):
         agents: dict[str, list[dict[str, Any]]] = {}
         for j, name in enumerate(names):
+            if name not in data.trajectories:
+                continue
             completions = []
             for i in range(g):
                 t = data.trajectories[name][p * g + i]
                 adv = {names[k]: float(advantages[k][p, sources[k].index(j), i]) for k in sources if j in sources[k]}
                 entry = {"text": t.response_text[:cut], "text_cut": len(t.response_text) > cut,
-                         "reward": float(data.rewards[p, j, i]), "length": len(t.token_ids),
+                         "reward": float(data.rewards[p, j, i]), "length": t.num_tokens,
                          "finish_reason": t.finish_reason, "advantage": adv}
                 cross = {}
                 for (k, src), values in log_s.items():

@@ -122,14 +122,16 @@ class _OwnPass:
 
 
 def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchange, algorithm: Algorithm,
-                 temperature: float) -> None:
+                 temperature: float, cross: bool = True) -> None:
     """Fill each trajectory's Σ log π^(j)_old and L_j with its source's trainer forward (docs/algorithm.md §3),
     and the extra passes ``algorithm.passes`` asks for into ``data.passes``.
 
     Runs before any update of the step, at the rollout temperature; agents whose trainers run elsewhere
     (Ray) compute at the same time. A view with no response token (``strip_all`` on an answer that was
     only an EOS) gets Σ = 0 over L = 0 tokens and is left out of training. Mutates ``data`` in place
-    (trajectories are frozen: they are replaced).
+    (trajectories are frozen: they are replaced). ``cross=False`` leaves the learners' pass over the other
+    agents' responses to a later :func:`learner_old_on_others` (a job whose peers' responses arrive after
+    its own pass, trainer/peers.py).
     """
     passes = algorithm.passes
     views = {rt.name: exchange.views(rt.name, data.trajectories[rt.name], prompt_id_map(rt, data.prompts),
@@ -143,10 +145,17 @@ def old_logprobs(runtimes: list[AgentRuntime], data: StepData, exchange: Exchang
             data.passes.source_token_logps[rt.name] = found.token_logps
         if found.reference is not None:
             data.passes.reference_on_self[rt.name] = found.reference
-    if passes.learner_old_on_others:
-        cross = for_each(runtimes, lambda rt: learner_cross_logprobs(rt, runtimes, data, exchange, temperature),
-                         trainer_elsewhere)
-        data.passes.learner_old_on_others.update({rt.name: part for rt, part in zip(runtimes, cross)})
+    if passes.learner_old_on_others and cross:
+        learner_old_on_others(runtimes, runtimes, data, exchange, temperature)
+
+
+def learner_old_on_others(learners: list[AgentRuntime], agents: list, data: StepData, exchange: Exchange,
+                          temperature: float) -> None:
+    """Each learner's Σ log π_old over the other ``agents``' responses in ``data`` into
+    ``data.passes.learner_old_on_others``; learners whose trainers run elsewhere compute at once."""
+    found = for_each(learners, lambda rt: learner_cross_logprobs(rt, agents, data, exchange, temperature),
+                     lambda rt: runs_in_process(rt.trainer))
+    data.passes.learner_old_on_others.update({rt.name: part for rt, part in zip(learners, found)})
 
 
 def _own_pass(rt: AgentRuntime, views: list[LearnerView], algorithm: Algorithm, temperature: float) -> _OwnPass:
@@ -202,12 +211,13 @@ def _scatter(values: list[torch.Tensor], keep: list[int], size: int) -> list[tor
     return out
 
 
-def learner_cross_logprobs(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
+def learner_cross_logprobs(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Exchange,
                            temperature: float) -> dict[str, torch.Tensor]:
     """Σ log π^(k)_old of learner k over every other agent's responses, re-tokenized as in its learner
     batch, before any update (docs/algorithm.md §5d, §8): source name → [P·G] float64, one forward pass
-    (0 for a view with no response token, which training leaves out)."""
-    others = [src for src in runtimes if src.index != rt.index]
+    (0 for a view with no response token, which training leaves out). ``runtimes``: the run's agents
+    (anything with ``name`` and ``index``); those without responses in ``data`` are skipped."""
+    others = [src for src in runtimes if src.index != rt.index and src.name in data.trajectories]
     trajs = [t for src in others for t in data.trajectories[src.name]]
     views = exchange.views(rt.name, trajs, prompt_id_map(rt, data.prompts), record_stats=False)
     keep = [i for i, v in enumerate(views) if v.response_len > 0]
@@ -237,12 +247,14 @@ def _reference_logps(data: StepData, learner: str) -> list[torch.Tensor]:
     return found
 
 
-def learner_batch(rt: AgentRuntime, runtimes: list[AgentRuntime], data: StepData, exchange: Exchange,
+def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Exchange,
                   omega: torch.Tensor, algorithm: Algorithm, centers: torch.Tensor | None = None) -> SequenceBatch:
     """Learner k's step batch: the responses of ``algorithm.sources(k)`` with per-sequence advantages
     (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11), source index and, with
     ``centers`` ([n, n] float64 c[k, j] of :meth:`Algorithm.cross_centers`), the adaptive window's centre
-    of each sequence's pair (docs/algorithm.md §5b); plus what ``algorithm.passes`` computed."""
+    of each sequence's pair (docs/algorithm.md §5b); plus what ``algorithm.passes`` computed. ``runtimes``:
+    every agent of the run in config order (anything with ``name`` and ``index``: a peer job's agent is a
+    :class:`~hacrl_megatron.trainer.peers.PeerAgent` whose responses ``data`` holds as text)."""
     sources = [runtimes[i] for i in algorithm.sources(rt.index)]
     adv = algorithm.advantages(data.rewards, rt.index, omega)
     passes = algorithm.passes
@@ -310,14 +322,17 @@ def _required_inputs(batch: SequenceBatch) -> LossInputs:
     return batch.loss_inputs
 
 
-def reward_metrics(data: StepData, names: list[str]) -> dict[str, float]:
+def reward_metrics(data: StepData, agents: list) -> dict[str, float]:
+    """Per agent (anything with ``name`` and ``index``, its column of ``data.rewards``): mean reward,
+    truncated share, mean response tokens, mean π_old log-prob per token."""
     out = {}
-    for i, name in enumerate(names):
-        r = data.rewards[:, i]
+    for agent in agents:
+        name = agent.name
+        r = data.rewards[:, agent.index]
         trajs = data.trajectories[name]
         out[f"{name}/reward_mean"] = float(r.mean()) if r.numel() else 0.0
         out[f"{name}/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / max(len(trajs), 1)
-        out[f"{name}/response_tokens_mean"] = sum(len(t.token_ids) for t in trajs) / max(len(trajs), 1)
+        out[f"{name}/response_tokens_mean"] = sum(t.num_tokens for t in trajs) / max(len(trajs), 1)
         logps = [t.source_logp_sum / t.source_len for t in trajs if t.source_len > 0 and not math.isnan(t.source_logp_sum)]
         out[f"{name}/old_logp_per_token"] = sum(logps) / max(len(logps), 1)
     return out

@@ -35,7 +35,7 @@ ENUMERATIONS = {"agents.*.backend", "agents.*.workers", "agents.*.model.arch", "
                 "hacpo.algorithm", "hacpo.cross_clip_mode", "hacpo.cross_window", "train.lr_schedule",
                 "train.verifier_mode", "train.minibatch_order", "hacpo.kl_estimator", "data.task", "data.path",
                 "data.checker", "rollout.vllm.dtype", "train.rollout_mode", "rollout.sglang.placement",
-                "data.prompt_key", "data.answer_key"}
+                "data.prompt_key", "data.answer_key", "exchange.backend", "exchange.on_missing"}
 # hostile values inside their field's real range: each works (test_accepted_values_run_one_step)
 ACCEPTED = {
     "0": {"agents.0.model.num_experts", "agents.0.model.moe_ffn_hidden_size",
@@ -46,7 +46,7 @@ ACCEPTED = {
           "train.steps", "train.weight_decay", "train.grad_clip", "train.adam_beta1", "train.adam_beta2",
           "train.lr_warmup_steps", "train.eval_every", "train.seed", "train.cpu_threads", "train.verifier_workers",
           "data.eval_size", "data.eval_limit", "train.eval_temperature", "data.seed", "checkpoint.every",
-          "log.samples_every",
+          "log.samples_every", "exchange.wait_s",
           "rollout.vllm.max_model_len",
           "rollout.vllm.max_num_seqs"},
     "1000000000000": {"agents.0.model.rope_theta", "agents.0.warmup_sft_max_steps", "agents.0.warmup_sft_eval_every",
@@ -55,9 +55,10 @@ ACCEPTED = {
                       "train.steps", "train.micro_batch_size", "train.grad_clip", "train.lr_warmup_steps",
                       "train.eval_every", "checkpoint.every", "checkpoint.keep", "log.every", "log.samples_every"},
     '""': {"rollout.sglang.python", "rollout.vllm.python", "rollout.sglang.host", "rollout.sglang.api_key_file",
-           "log.wandb_entity", "log.wandb_group", "log.run_name"},
+           "log.wandb_entity", "log.wandb_group", "log.run_name", "exchange.run_id"},
     NON_ASCII: {"name", "output_dir", "checkpoint.dir", "rollout.sglang.python", "rollout.vllm.python",
-                "rollout.sglang.api_key_file", "log.wandb_project", "log.wandb_entity", "log.wandb_group", "log.run_name"},
+                "rollout.sglang.api_key_file", "log.wandb_project", "log.wandb_entity", "log.wandb_group", "log.run_name",
+                "exchange.dir", "exchange.key_file", "exchange.redis_ca_file", "exchange.redis_password_file"},
 }
 
 

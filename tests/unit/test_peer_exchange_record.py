@@ -25,7 +25,8 @@ def make_record(step: int = 4, agent: str = "agent1", run_id: str = "run-a", **o
     fields = dict(run_id=run_id, step=step, agent=agent, weights_version=3, prompt_ids=["p0", "p1"],
                   responses=[["The answer is \\boxed{4}.", "ünïcode ✓ 5"], ["", "7"]],
                   finish_reasons=[["eos", "length"], ["eos", "eos"]], rewards=[[1.0, 0.0], [0.0, 1.0]],
-                  logp_sums=[[-3.25, -17.5], [-0.125, -1e-9]], lengths=[[9, 12], [1, 2]], positive_rate=0.5)
+                  logp_sums=[[-3.25, -17.5], [-0.125, -1e-9]], lengths=[[9, 12], [1, 2]],
+                  response_tokens=[[8, 12], [0, 1]], positive_rate=0.5, config_digest="sha256:0f")
     fields.update(over)
     return PeerRecord(**fields)
 
@@ -226,7 +227,8 @@ def test_any_valid_record_round_trips_signed():
                           prompt_ids=[f"p{i}" for i in range(len(sizes))], responses=grid(text),
                           finish_reasons=grid(st.sampled_from(["eos", "length"])), rewards=grid(number),
                           logp_sums=grid(number), lengths=grid(st.integers(0, 4096)),
-                          positive_rate=draw(st.floats(0.0, 1.0)))
+                          response_tokens=grid(st.integers(0, 4096)), positive_rate=draw(st.floats(0.0, 1.0)),
+                          config_digest=draw(st.text(alphabet="0123456789abcdef:sha", max_size=80)))
 
     @settings(max_examples=30, deadline=None)
     @given(records())

@@ -74,8 +74,13 @@ class PeerRecord:
         rewards: [P][G] the shared verifier's score R(y) of each response.
         logp_sums: [P][G] Σ_t log π^(j)_old(y_t | x, y_<t) in nats, at the rollout temperature.
         lengths: [P][G] L_j, the number of author tokens ``logp_sums`` covers.
+        response_tokens: [P][G] the author's token count of each response, without its eos (counts,
+            never ids: the learners' re-tokenization statistics compare their lengths to these).
         positive_rate: the author's share of responses with a positive reward this step, in [0, 1]
             (the capability tracker's input).
+        config_digest: a digest of the configuration every job of the run must share
+            (:func:`hacrl_megatron.trainer.peers.shared_config_digest`); a record of a job with another
+            algorithm, data stream or agent list is refused. "" where the writer checks none.
     """
 
     run_id: str
@@ -88,13 +93,15 @@ class PeerRecord:
     rewards: tuple[tuple[float, ...], ...]
     logp_sums: tuple[tuple[float, ...], ...]
     lengths: tuple[tuple[int, ...], ...]
+    response_tokens: tuple[tuple[int, ...], ...]
     positive_rate: float
+    config_digest: str = ""
 
     def __post_init__(self) -> None:
         _check_fields(self.to_dict(), self.agent, "constructor", DEFAULT_LIMITS)
-        for name in ("prompt_ids", "responses", "finish_reasons", "rewards", "logp_sums", "lengths"):
+        for name in ("prompt_ids", "responses", "finish_reasons", "rewards", "logp_sums", "lengths", "response_tokens"):
             value = getattr(self, name)  # freeze lists handed in: the record is immutable all the way down
-            cast = {"rewards": float, "logp_sums": float, "lengths": int}.get(name)
+            cast = {"rewards": float, "logp_sums": float, "lengths": int, "response_tokens": int}.get(name)
             frozen = (tuple(value) if name == "prompt_ids" else
                       tuple(tuple(cast(v) for v in g) if cast else tuple(g) for g in value))
             object.__setattr__(self, name, frozen)
@@ -111,7 +118,9 @@ class PeerRecord:
                 "responses": [list(g) for g in self.responses],
                 "finish_reasons": [list(g) for g in self.finish_reasons],
                 "rewards": [list(g) for g in self.rewards], "logp_sums": [list(g) for g in self.logp_sums],
-                "lengths": [list(g) for g in self.lengths], "positive_rate": self.positive_rate}
+                "lengths": [list(g) for g in self.lengths],
+                "response_tokens": [list(g) for g in self.response_tokens], "positive_rate": self.positive_rate,
+                "config_digest": self.config_digest}
 
     def to_json(self, key: bytes | None = None) -> bytes:
         """Canonical JSON bytes, one field per line for readers, signed with ``key`` when given."""
@@ -123,12 +132,23 @@ class PeerRecord:
     @classmethod
     def from_trajectories(cls, *, run_id: str, step: int, agent: str, weights_version: int,
                           prompt_ids: Sequence[str], trajectories: Sequence[Trajectory],
-                          positive_rate: float) -> PeerRecord:
+                          positive_rate: float, texts: Sequence[str] | None = None,
+                          logp_sums: Sequence[float] | None = None, config_digest: str = "") -> PeerRecord:
         """Group ``agent``'s trajectories of one step by prompt, in ``prompt_ids`` order.
 
         Every trajectory must come from ``agent``, answer one of ``prompt_ids`` and carry its
         π_old log-prob sum (:meth:`Trajectory.with_logp`); each prompt needs at least one.
+        ``texts``/``logp_sums`` (one per trajectory, same order) replace the trajectories' own
+        ``response_text``/``source_logp_sum`` (the learners' decoding of the ids; Σ log π_behav of a
+        batch that lags behind the author's weights).
         """
+        n = len(trajectories)
+        for name, values in (("texts", texts), ("logp_sums", logp_sums)):
+            if values is not None and len(values) != n:
+                raise ValueError(f"PeerRecord.from_trajectories: {len(values)} {name} for {n} trajectories")
+        text_of = dict(zip(map(id, trajectories), texts if texts is not None else [t.response_text for t in trajectories]))
+        logp_of = dict(zip(map(id, trajectories),
+                           logp_sums if logp_sums is not None else [t.source_logp_sum for t in trajectories]))
         groups: dict[str, list[Trajectory]] = {pid: [] for pid in prompt_ids}
         for t in trajectories:
             if t.source != agent:
@@ -138,11 +158,13 @@ class PeerRecord:
             groups[t.prompt_id].append(t)
         rows = [groups[pid] for pid in prompt_ids]
         return cls(run_id=run_id, step=step, agent=agent, weights_version=weights_version,
-                   prompt_ids=tuple(prompt_ids), responses=tuple(tuple(t.response_text for t in g) for g in rows),
+                   prompt_ids=tuple(prompt_ids), responses=tuple(tuple(text_of[id(t)] for t in g) for g in rows),
                    finish_reasons=tuple(tuple(t.finish_reason for t in g) for g in rows),
                    rewards=tuple(tuple(float(t.reward) for t in g) for g in rows),
-                   logp_sums=tuple(tuple(float(t.source_logp_sum) for t in g) for g in rows),
-                   lengths=tuple(tuple(int(t.source_len) for t in g) for g in rows), positive_rate=positive_rate)
+                   logp_sums=tuple(tuple(float(logp_of[id(t)]) for t in g) for g in rows),
+                   lengths=tuple(tuple(int(t.source_len) for t in g) for g in rows),
+                   response_tokens=tuple(tuple(t.num_tokens for t in g) for g in rows), positive_rate=positive_rate,
+                   config_digest=config_digest)
 
 
 def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str, key: bytes | None = None,
@@ -179,7 +201,8 @@ def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str
 def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) -> None:
     """Every field present, of its type, inside ``limits``, finite; nothing else. Raises one line."""
     expected = {"format", "run_id", "step", "agent", "weights_version", "prompt_ids", "responses",
-                "finish_reasons", "rewards", "logp_sums", "lengths", "positive_rate"}
+                "finish_reasons", "rewards", "logp_sums", "lengths", "response_tokens", "positive_rate",
+                "config_digest"}
     missing, extra = sorted(expected - obj.keys()), sorted(obj.keys() - expected)
     if missing:
         raise refusal(agent, origin, missing[0], "missing")
@@ -189,6 +212,7 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
         raise refusal(agent, origin, "format", f"{obj['format']!r}, expected {FORMAT!r}")
     for name in ("run_id", "agent"):
         _check_str(obj[name], agent, origin, name, 256)
+    _check_str(obj["config_digest"], agent, origin, "config_digest", 128, allow_empty=True)
     for name in ("step", "weights_version"):
         _check_int(obj[name], agent, origin, name, 0, 1 << 62)
     _check_number(obj["positive_rate"], agent, origin, "positive_rate", 0.0, 1.0)
@@ -209,8 +233,9 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
 
 
 def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int], limits: Limits) -> None:
-    """finish_reasons, rewards, logp_sums and lengths: the [P][G] shape of ``responses``, valid cells."""
-    for name in ("finish_reasons", "rewards", "logp_sums", "lengths"):
+    """finish_reasons, rewards, logp_sums, lengths and response_tokens: the [P][G] shape of ``responses``,
+    valid cells."""
+    for name in ("finish_reasons", "rewards", "logp_sums", "lengths", "response_tokens"):
         grid = obj[name]
         if not isinstance(grid, (list, tuple)) or len(grid) != len(shape):
             raise refusal(agent, origin, name, f"must be a list of {len(shape)} groups (one per prompt)")
@@ -222,7 +247,7 @@ def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int],
                 if name == "finish_reasons":
                     if value not in FINISH_REASONS:
                         raise refusal(agent, origin, field, f"{value!r}, expected one of {list(FINISH_REASONS)}")
-                elif name == "lengths":
+                elif name in ("lengths", "response_tokens"):
                     _check_int(value, agent, origin, field, 0, limits.max_tokens)
                 else:
                     _check_number(value, agent, origin, field, -math.inf, math.inf)

@@ -134,6 +134,10 @@ class ExchangeStore(ABC):
         return WaitResult(records, missing, {p: refused[p] for p in missing if p in refused},
                           time.monotonic() - start)
 
+    def steps(self, agent: str) -> list[int]:
+        """The steps ``agent`` has records of here, ascending."""
+        return sorted(self._steps(check_agent(agent)))
+
     def prune(self, agent: str, step: int, keep_steps: int) -> int:
         """Delete ``agent``'s records older than the last ``keep_steps`` steps up to ``step`` (steps
         ≤ step − keep_steps); returns how many. Each job prunes only its own records: a peer that

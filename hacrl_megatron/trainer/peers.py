@@ -1,0 +1,238 @@
+"""One agent of a multi-agent run trained as its own job (``hacrl train --agent NAME``, docs/exchange.md).
+
+The job builds its own agent only. Each step it samples, scores and computes π_old of its own
+responses exactly as a one-process run does, then publishes them as one
+:class:`~hacrl_megatron.exchange.remote.PeerRecord` and waits for its peers' records of the same
+step; the peers' responses join the step's data as text-only trajectories
+(:attr:`~hacrl_megatron.exchange.records.Trajectory.is_remote`), and from there the step is the
+one-process step seen from this learner: the same advantages (eq. 6-7, over every agent's rewards),
+the same capability tracker (eq. 8-9, every agent's positive rate), the same cross ratios (eq. 11,
+with the author's Σ log π_old and L_j from the record).
+
+A peer whose record does not come within ``exchange.wait_s`` is waited for (``on_missing: wait``, a
+log line per minute naming it) or left out of the step (``on_missing: alone``): the step then trains
+on this agent's own responses with GSPO's objective, does not update the tracker (it needs every
+agent's rate), and logs ``<agent>/exchange/peers_missing``. A peer that comes back is used again from
+the step it publishes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hacrl_megatron.algo import Algorithm, build_algorithm, positive_rate
+from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.errors import InputError
+from hacrl_megatron.exchange.records import Trajectory
+from hacrl_megatron.exchange.remote import ExchangeStore, PeerRecord, open_store
+from hacrl_megatron.exchange.remote.record import refusal
+from hacrl_megatron.exchange.retokenize import batch_decode
+from hacrl_megatron.trainer.stages import StepData
+
+logger = logging.getLogger(__name__)
+
+WAIT_LOG_EVERY_S = 60.0  # on_missing=wait: one line per this many seconds naming the peers still missing
+
+
+@dataclass(frozen=True)
+class PeerAgent:
+    """An agent of the run that another job trains: its config index and name, nothing to run."""
+
+    index: int
+    name: str
+
+
+class ExchangeMismatch(InputError):
+    """A peer's valid record that cannot belong to this run's step (other prompts, another group size or
+    configuration): the jobs were started differently. Stops the run, naming the peer and the field."""
+
+
+def exchange_run_id(exp: ExperimentConfig) -> str:
+    """What every job of the run shares in the exchange: ``exchange.run_id``, else the config's name."""
+    return exp.exchange.run_id or exp.name
+
+
+def shared_config_digest(exp: ExperimentConfig) -> str:
+    """sha256 of the settings every job of one run must share: the agents (names, order), the algorithm
+    (``hacpo.*``), what a step samples (seed, prompts per step, rollout mode, the sampling settings and
+    the exchange's eos rule) — not where each job runs, writes or reads its files."""
+    r, t = exp.rollout, exp.train
+    shared = {"agents": [a.name for a in exp.agents], "hacpo": dataclasses.asdict(exp.hacpo),
+              "train": {k: getattr(t, k) for k in ("seed", "prompts_per_step", "rollout_mode", "max_staleness")},
+              "rollout": {k: getattr(r, k) for k in ("samples_per_prompt", "temperature", "top_p", "max_prompt_len",
+                                                      "max_response_len", "eos_mode")},
+              "data": {k: getattr(exp.data, k) for k in ("task", "difficulty", "seed")}}
+    return "sha256:" + hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()
+
+
+def agent_index(exp: ExperimentConfig, name: str) -> int:
+    """The config index of agent ``name``; one line naming the agents otherwise."""
+    names = [a.name for a in exp.agents]
+    if name not in names:
+        raise InputError(f"--agent {name!r}: no such agent in this config; its agents are {names}")
+    if len(names) < 2:
+        raise InputError(f"--agent {name!r}: this config has one agent; run it without --agent")
+    return names.index(name)
+
+
+def check_exchange_config(exp: ExperimentConfig) -> None:
+    """What ``--agent`` needs beyond the config's own rules: a store other jobs reach, and an eos rule that
+    needs no peer tokenizer."""
+    x = exp.exchange
+    if x.backend == "local":
+        raise InputError("--agent runs one agent of the run in this process; its peers run as other jobs, which "
+                         "the local exchange cannot reach: set exchange.backend=shared_dir (with exchange.dir) or "
+                         "exchange.backend=redis (with exchange.redis_url)")
+    if exp.rollout.eos_mode == "source_eos_text":
+        raise InputError("--agent with rollout.eos_mode=source_eos_text: that rule encodes each peer's eos string "
+                         "with the peer's tokenizer, which a separate job does not hold; use learner_eos, no_eos or "
+                         "strip_all")
+
+
+class PeerExchange:
+    """This job's side of the exchange: publish the own record of a step, gather and check the peers'.
+
+    ``agents``: every agent of the run in config order (this job's own runtime at ``own``'s index,
+    :class:`PeerAgent` for the others).
+    """
+
+    def __init__(self, exp: ExperimentConfig, agents: list[Any], own: Any, store: ExchangeStore) -> None:
+        self.exp, self.agents, self.own, self.store = exp, agents, own, store
+        self.peers = [a for a in agents if a.index != own.index]
+        self.digest = shared_config_digest(exp)
+        self.gspo = build_algorithm(dataclasses.replace(exp.hacpo, algorithm="gspo"), len(agents))
+
+    @classmethod
+    def open(cls, exp: ExperimentConfig, agents: list[Any], own: Any) -> PeerExchange:
+        x = exp.exchange
+        store = open_store(x.backend, exchange_run_id(exp), dir=x.dir, redis_url=x.redis_url,
+                           redis_password_file=x.redis_password_file, redis_ca_file=x.redis_ca_file,
+                           key_file=x.key_file)
+        return cls(exp, agents, own, store)
+
+    def check_fresh(self) -> None:
+        """A fresh run (not a resume) refuses a store that already holds this agent's records of its run id:
+        they belong to an earlier run, and its peers could read them as this run's."""
+        found = self.store.steps(self.own.name)
+        if found:
+            raise InputError(f"exchange run {self.store.run_id!r} ({self._where()}) already holds agent "
+                             f"{self.own.name!r}'s records of steps {found[0]}..{found[-1]} from an earlier run: set "
+                             "another exchange.run_id, delete those records, or continue that run with "
+                             "checkpoint.resume=true")
+
+    def _where(self) -> str:
+        x = self.exp.exchange
+        return {"shared_dir": f"exchange.dir {x.dir}", "redis": f"exchange.redis_url {x.redis_url}"}.get(
+            x.backend, x.backend)
+
+    def publish(self, step: int, data: StepData, behaviour: dict[str, torch.Tensor], weights_version: int) -> None:
+        """Publish this agent's responses of ``step``: the text as a learner decodes the ids, the rewards,
+        and Σ log π_old — Σ log π_behav instead where the batch lags behind the weights (a peer's learner
+        treats that as the proximal policy of a cross row, docs/algorithm.md §7b)."""
+        own = self.own
+        trajs = data.trajectories[own.name]
+        stale = behaviour.get(own.name)
+        record = PeerRecord.from_trajectories(
+            run_id=self.store.run_id, step=step, agent=own.name, weights_version=weights_version,
+            prompt_ids=[p.id for p in data.prompts], trajectories=trajs,
+            positive_rate=positive_rate(data.rewards[:, 0]),
+            texts=batch_decode(own.tokenizer, [list(t.token_ids) for t in trajs]),
+            logp_sums=None if stale is None else [float(v) for v in stale.tolist()], config_digest=self.digest)
+        self.store.publish(record)
+
+    def gather(self, step: int) -> tuple[dict[str, PeerRecord], list[str]]:
+        """The peers' valid records of ``step`` and the peers left out (``on_missing``)."""
+        x = self.exp.exchange
+        names = [p.name for p in self.peers]
+        found = self.store.wait_for(step, names, x.wait_s)
+        records, missing = dict(found.records), list(found.missing)
+        waited = found.waited_s
+        while missing and x.on_missing == "wait":
+            logger.warning("step %d: waiting for the exchange record of %s (%.0f s so far, exchange.on_missing=wait)%s",
+                           step, ", ".join(repr(m) for m in missing), waited,
+                           "".join(f"; {r}" for r in found.refused.values()))
+            found = self.store.wait_for(step, missing, WAIT_LOG_EVERY_S)
+            records.update(found.records)
+            missing, waited = list(found.missing), waited + found.waited_s
+        if missing:
+            logger.warning("step %d: no exchange record of %s within exchange.wait_s=%g s: this step trains %r on its "
+                           "own responses (exchange.on_missing=alone)", step, ", ".join(map(repr, missing)), x.wait_s,
+                           self.own.name)
+        return records, missing
+
+    def merge(self, step: int, data: StepData, records: dict[str, PeerRecord],
+              behaviour: dict[str, torch.Tensor]) -> StepData:
+        """``data`` (this agent's responses only) with the peers' responses from ``records`` added, all agents'
+        rewards as [P, n, G] in config order (zeros for a peer left out); a lagging peer's Σ log π_behav
+        joins ``behaviour`` (as the one-process run has it)."""
+        own, g = self.own, data.rewards.shape[2]
+        rewards = torch.zeros(len(data.prompts), len(self.agents), g, dtype=data.rewards.dtype)
+        rewards[:, own.index] = data.rewards[:, 0]
+        trajectories: dict[str, list[Trajectory]] = {}
+        for agent in self.agents:
+            if agent.index == own.index:
+                trajectories[own.name] = data.trajectories[own.name]
+                continue
+            record = records.get(agent.name)
+            if record is None:
+                continue
+            self._check(step, record, data, g)
+            trajectories[agent.name] = _trajectories(record, data)
+            rewards[:, agent.index] = torch.tensor(record.rewards, dtype=data.rewards.dtype)
+            if record.weights_version < step:
+                behaviour[agent.name] = torch.tensor([v for row in record.logp_sums for v in row], dtype=torch.float64)
+        return dataclasses.replace(data, trajectories=trajectories, rewards=rewards)
+
+    def _check(self, step: int, record: PeerRecord, data: StepData, g: int) -> None:
+        """A record that passed the store's checks but cannot be this step's: refuse, naming the field."""
+        origin = f"step {step}"
+        if record.config_digest != self.digest:
+            raise ExchangeMismatch(str(refusal(
+                record.agent, origin, "config_digest",
+                f"{record.config_digest!r}, this job's is {self.digest!r}: the jobs run different configurations "
+                "(agents, hacpo.*, the sampling settings, train.seed/prompts_per_step/rollout_mode or the data task "
+                "differ)")))
+        ids = [p.id for p in data.prompts]
+        if list(record.prompt_ids) != ids:
+            raise ExchangeMismatch(str(refusal(record.agent, origin, "prompt_ids",
+                                               f"{list(record.prompt_ids)[:3]}..., this job sampled {ids[:3]}...: the "
+                                               "jobs read different data")))
+        sizes = {len(row) for row in record.responses}
+        if sizes != {g}:
+            raise ExchangeMismatch(str(refusal(record.agent, origin, "responses",
+                                               f"groups of {sorted(sizes)} responses, this job samples {g}")))
+
+    def step_algorithm(self, algorithm: Algorithm, missing: list[str]) -> Algorithm:
+        """The step's algorithm: the run's, or GSPO when a peer is left out of a step of a sharing method."""
+        return self.gspo if missing and algorithm.shares_rollouts else algorithm
+
+    def prune(self, step: int) -> None:
+        self.store.prune(self.own.name, step, self.exp.exchange.keep_steps)
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _trajectories(record: PeerRecord, data: StepData) -> list[Trajectory]:
+    """A peer's record as text-only trajectories, prompt-major [P·G] like the step's own."""
+    questions = {p.id: p.question for p in data.prompts}
+    out = []
+    for pid, texts, finishes, rewards, sums, lens, counts in zip(
+            record.prompt_ids, record.responses, record.finish_reasons, record.rewards, record.logp_sums,
+            record.lengths, record.response_tokens):
+        for text, finish, reward, logp, length, count in zip(texts, finishes, rewards, sums, lens, counts):
+            if length > count + (finish == "eos"):
+                raise ExchangeMismatch(str(refusal(record.agent, f"step {record.step}", "lengths",
+                                                   f"L_j {length} exceeds the response's {count} tokens"
+                                                   f"{' + eos' if finish == 'eos' else ''}")))
+            out.append(Trajectory(prompt_id=pid, source=record.agent, prompt_text=questions[pid], response_text=text,
+                                  token_ids=(), finish_reason=finish, reward=reward, source_len=length,
+                                  policy_version=record.weights_version, source_logp_sum=logp, remote_tokens=count))
+    return out
