@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# CI step: the rollout exchange's redis backend against a real redis-server (docs/exchange.md).
+# The rollout exchange's redis backend against a real redis-server (docs/exchange.md). CI runs these tests in
+# the README's test command (step 1 of .ci/run, with HACRL_REQUIRE_REDIS=1); this script runs them alone.
 # Two parts, each runnable alone:
 #   bash .ci/redis.sh install   # root, Debian: apt-get redis-server (the test fixture starts its own server
 #                               # on 127.0.0.1 with a password; the packaged service stays stopped), openssl
@@ -30,7 +31,8 @@ install_redis() {
 test_redis() {
     local t0=$SECONDS rc=0
     HACRL_REQUIRE_REDIS=1 python -m pytest -q -p no:cacheprovider \
-        tests/unit/test_peer_exchange_stores.py tests/unit/test_peer_exchange_redis.py || rc=$?
+        tests/unit/test_peer_exchange_stores.py tests/unit/test_peer_exchange_redis.py tests/e2e/test_agent_jobs.py \
+        || rc=$?
     echo "redis exchange tests: $((SECONDS - t0)) s, exit $rc"
     return "$rc"
 }

@@ -214,7 +214,8 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
         if first.get("num_self", 0) > 0 and "self_ratio_max" in first:
             # m = 0 is on-policy: old and new log-probs of self samples agree up to float noise
             metrics[f"{rt.name}/hacpo/onpolicy_ratio_dev"] = max(first["self_ratio_max"] - 1, 1 - first["self_ratio_min"])
-        metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
+        if run.tracker.steps_seen:  # none yet only in a job that trained alone from its first step
+            metrics[f"{rt.name}/capability"] = float(run.tracker.capability()[rt.index])
         for other in run.agents:
             metrics[f"{rt.name}/omega/{other.name}"] = float(omega[rt.index, other.index])
         metrics[f"{rt.name}/sequences"] = float(num_sequences)
@@ -277,7 +278,9 @@ def train_step(run: Run) -> dict[str, float]:
         lap("exchange")
     if not missing:  # the tracker needs every agent's positive rate (a step trained alone leaves it as it was)
         run.tracker.update([positive_rate(data.rewards[:, i]) for i in range(len(run.agents))])
-    omega = run.tracker.omega()
+    # ω (eq. 9); a job that trained alone since its first step has no rates yet: ω = 1 (GSPO ignores it)
+    n = len(run.agents)
+    omega = run.tracker.omega() if run.tracker.steps_seen else torch.ones(n, n, dtype=torch.float64)
     run.samples = []
     if writes_samples(exp, step + 1):  # before the updates: the ratios and clips the first update sees
         run.samples = sample_rows(run.agents, data, run.exchange, algorithm, omega, algorithm.cross_centers(run.tracker),

@@ -1,0 +1,97 @@
+"""Agents as separate jobs (`hacrl train --agent NAME`, docs/exchange.md) against the one-process run.
+
+Two `hacrl train --agent` processes of cpu_demo (HF backend, the shipped warm-ups), each with its own
+output folder, meeting through the exchange, must log every per-agent metric of the one-process run
+with the same seeds bit for bit, and write byte-identical final weights: both runs are deterministic
+on one machine (same seeds, same kernels, same order of every float operation: the peer's records
+carry its Σ log π_old and rewards as exact JSON floats), so exact equality holds on any CPU as long
+as both runs use the same one. Timing metrics and the jobs' own exchange metrics are left out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.redis_server import redis_server  # noqa: F401 - the fixture
+
+AGENTS = ("llama", "qwen3")
+STEPS = 5
+# 5 steps with an evaluation (20 held-out prompts) at the end, samples on step 1 and 5, no TensorBoard
+COMMON = [f"train.steps={STEPS}", "train.eval_every=5", "data.eval_size=20", "log.tensorboard=false",
+          "log.progress=false", "checkpoint.every=0", "log.samples_every=5", "train.verifier_workers=0"]
+# metrics that measure time or the job itself, not the training
+NOT_COMPARED = ("time/", "_per_s", "/trainer/", "/exchange/wait_s", "/exchange/peers_missing")
+
+
+def hacrl(args: list[str], cwd: Path, **popen) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", *args], cwd=cwd, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **popen)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-3000:]
+    return out
+
+
+def metrics(folder: Path) -> list[dict]:
+    return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
+
+
+def per_agent(rows: list[dict], agent: str) -> list[dict]:
+    return [{k: v for k, v in row.items() if k.startswith(f"{agent}/") and not any(s in k for s in NOT_COMPARED)}
+            for row in rows]
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """The one-process run of the same config (every agent under one controller)."""
+    folder = tmp_path_factory.mktemp("joint")
+    finish(hacrl([*COMMON, f"output_dir={folder / 'run'}"], folder))
+    return folder / "run"
+
+
+def run_jobs(tmp_path: Path, exchange: list[str]) -> dict[str, Path]:
+    procs = {a: hacrl(["--agent", a, *COMMON, *exchange, f"output_dir={tmp_path / a}"], tmp_path) for a in AGENTS}
+    for proc in procs.values():
+        finish(proc)
+    return {a: tmp_path / a for a in AGENTS}
+
+
+def assert_same_as_one_process(jobs: dict[str, Path], joint: Path) -> None:
+    joint_rows = metrics(joint)
+    for agent, folder in jobs.items():
+        rows = metrics(folder)
+        assert len(rows) == len(joint_rows) == STEPS + 1  # and the evaluation before the first step
+        mine, theirs = per_agent(rows, agent), per_agent(joint_rows, agent)
+        assert [sorted(r) for r in mine] == [sorted(r) for r in theirs]
+        assert len(mine[-1]) > 30 and f"{agent}/eval_accuracy" in mine[-1]  # losses, ratios, ω, rewards, eval ...
+        assert mine == theirs
+        assert all(r[f"{agent}/exchange/peers_missing"] == 0.0 for r in rows[1:])  # rows[0]: the evaluation at 0
+        ours = (folder / "final" / agent / "model.safetensors").read_bytes()
+        assert ours == (joint / "final" / agent / "model.safetensors").read_bytes()
+
+
+def test_separate_jobs_through_a_shared_folder_equal_the_one_process_run(one_process, tmp_path):
+    exchange = ["exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}", "exchange.wait_s=300"]
+    assert_same_as_one_process(run_jobs(tmp_path, exchange), one_process)
+    # one human-readable record per (step, agent), pruned to the last exchange.keep_steps (8) steps
+    records = sorted(p.name for p in (tmp_path / "exchange" / "cpu_demo").iterdir())
+    assert records == [f"step-{s:08d}.{a}.json" for s in range(STEPS) for a in AGENTS]
+    first = json.loads((tmp_path / "exchange" / "cpu_demo" / "step-00000000.qwen3.json").read_text())
+    assert first["agent"] == "qwen3" and len(first["responses"]) == 16 and len(first["responses"][0]) == 8
+
+
+@pytest.mark.redis
+def test_separate_jobs_through_redis_equal_the_one_process_run(one_process, tmp_path, redis_server):  # noqa: F811
+    exchange = ["exchange.backend=redis", f"exchange.redis_url={redis_server.url}",
+                f"exchange.redis_password_file={redis_server.password_file}", "exchange.wait_s=300",
+                f"exchange.run_id=redis-{tmp_path.name}"]
+    assert_same_as_one_process(run_jobs(tmp_path, exchange), one_process)
