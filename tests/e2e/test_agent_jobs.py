@@ -95,3 +95,15 @@ def test_separate_jobs_through_redis_equal_the_one_process_run(one_process, tmp_
                 f"exchange.redis_password_file={redis_server.password_file}", "exchange.wait_s=300",
                 f"exchange.run_id=redis-{tmp_path.name}"]
     assert_same_as_one_process(run_jobs(tmp_path, exchange), one_process)
+
+
+@pytest.mark.slow
+def test_separate_jobs_equal_the_one_process_run_with_rollout_one_step_off(tmp_path):
+    """The overlapping mode: a record of a batch sampled one version back carries Σ log π_behav, which a
+    peer's learner takes as the cross row's proximal policy, as the one-process run does (algorithm.md §7b)."""
+    mode = ["train.rollout_mode=one_step_off"]
+    finish(hacrl([*COMMON, *mode, f"output_dir={tmp_path / 'joint'}"], tmp_path))
+    exchange = [*mode, "exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}", "exchange.wait_s=300"]
+    jobs = run_jobs(tmp_path, exchange)
+    assert_same_as_one_process(jobs, tmp_path / "joint")
+    assert metrics(jobs["llama"])[-1]["llama/staleness"] == 1.0
