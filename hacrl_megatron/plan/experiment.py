@@ -58,6 +58,7 @@ from hacrl_megatron.plan.timing import (
     export_seconds,
     overlapped_step_seconds,
     retokenize_seconds,
+    separate_jobs_seconds,
     sequential_step_seconds,
     step_seconds,
     verify_seconds,
@@ -361,6 +362,7 @@ def _step(plans: list[AgentPlan], controller: tuple[float, float], overlapping: 
     gspo = step_seconds([{**t, "rollout_s": t.get("gspo_x2_rollout_s", 0.0)} for t in times], *controller)
     step["gspo_x2_rollout_s"], step["gspo_x2_total_s"] = gspo["rollout_s"], gspo["total_s"]
     step["hacpo_rollout_saving_s"] = gspo["rollout_s"] - step["rollout_s"]
+    step["separate_jobs"] = separate_jobs_seconds({p.name: p.times for p in plans}, *controller)
     return step
 
 

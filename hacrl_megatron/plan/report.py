@@ -62,6 +62,7 @@ def step_fields(plan: ExperimentPlan) -> dict[str, Any]:
     synchronous rollout), ``step_time_sequential_s`` (the previous loop: agents one after another
     outside training), ``step_time_one_step_off_s`` / ``step_time_async_s`` (rollout overlapped;
     None when this plan's engines are colocated), ``step_stages_s`` (each stage's slowest agent),
+    ``step_separate_jobs_s`` (each agent as its own job: ``own_s``, ``barrier_wait_s``, ``step_s``),
     and the run's terms outside a step: ``checkpoint_s`` (one checkpoint), ``checkpoints`` (how many),
     ``export_s`` (the final export), ``run_time_s`` (every step, checkpoint and the export)."""
     s = plan.step
@@ -72,7 +73,9 @@ def step_fields(plan: ExperimentPlan) -> dict[str, Any]:
             "step_stages_s": {k: _r(s[k]) for k in STAGES},
             "step_gspo_x2_s": {"rollout_s": _r(s["gspo_x2_rollout_s"]), "total_s": _r(s["gspo_x2_total_s"]),
                                "hacpo_rollout_saving_s": _r(s["hacpo_rollout_saving_s"])},
-            "step_schedule": SCHEDULE, "step_overlap_rule": OVERLAP_RULE, "step_objective": plan.objective}
+            "step_schedule": SCHEDULE, "step_overlap_rule": OVERLAP_RULE, "step_objective": plan.objective,
+            "step_separate_jobs_s": {name: {k: _r(v) for k, v in job.items()}
+                                     for name, job in s.get("separate_jobs", {}).items()}}
 
 
 def placement_dict(plan: ExperimentPlan) -> dict[str, Any]:
@@ -215,6 +218,11 @@ def _step_lines(obj: dict[str, Any]) -> list[str]:
         lines.append(f"  rollout overlapped: no plan with separate engines fits ({obj['overlap_plan']['why']})")
     lines.append(f"  GSPOx2 would roll out {g['rollout_s']:.1f} s (step {g['total_s']:.1f} s; HACPO saves "
                  f"{g['hacpo_rollout_saving_s']:.1f} s per step)")
+    jobs = obj.get("step_separate_jobs_s") or {}
+    if len(jobs) > 1:
+        lines.append("  as separate jobs (hacrl train --agent, docs/exchange.md): " + "; ".join(
+            f"{name} {j['own_s']:.1f} s alone + {j['barrier_wait_s']:.1f} s waiting for the slowest = {j['step_s']:.1f} s"
+            for name, j in jobs.items()))
     for a in obj.get("placement", {}).get("agents", []):
         train = ", ".join(f"node {t['node']} GPUs {t['first_gpu']}-{t['first_gpu'] + t['gpus'] - 1}"
                           for t in a["trainer"])

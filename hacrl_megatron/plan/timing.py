@@ -265,6 +265,23 @@ def sequential_step_seconds(agents: list[dict[str, float]], verify_s: float, ret
     return total + verify_s + retokenize_s + max(t.get("train_s", 0.0) for t in agents)
 
 
+def separate_jobs_seconds(agents: dict[str, dict[str, float]], verify_s: float,
+                          retokenize_s: float = 0.0) -> dict[str, dict[str, float]]:
+    """Each agent as its own job (``hacrl train --agent``, docs/exchange.md): per agent, ``own_s`` (its step
+    alone: rollout, verify of its own responses, π_old, re-tokenise, train, sync), ``barrier_wait_s`` (how
+    long it waits per step at the exchange) and ``step_s`` (the two together). Steady state: the barrier of
+    step t+1 comes ``max_j own_j`` after that of step t (each job publishes its record ``rollout + verify +
+    π_old`` into its step, which starts ``re-tokenise + train + sync`` after the previous barrier), so every
+    job advances at the slowest job's pace and waits the difference. A job verifies and re-tokenises its own
+    share (``1/n``) of the controller's work. The exchange's own cost (a record's write and read,
+    benchmarks/bench_agent_jobs.py) is not counted."""
+    n = max(len(agents), 1)
+    own = {name: t.get("rollout_s", 0.0) + (verify_s + retokenize_s) / n + t.get("old_logprob_s", 0.0)
+           + t.get("train_s", 0.0) + t.get("sync_s", 0.0) for name, t in agents.items()}
+    period = max(own.values(), default=0.0)
+    return {name: {"own_s": mine, "barrier_wait_s": period - mine, "step_s": period} for name, mine in own.items()}
+
+
 def overlapped_step_seconds(stages: dict[str, float]) -> float:
     """Steady-state step when the rollout of step t+1 runs while step t verifies, computes π_old,
     trains and syncs (``one_step_off``; ``async`` with any staleness bound K ≥ 1 has the same bound:

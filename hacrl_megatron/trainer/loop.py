@@ -8,6 +8,7 @@ checkpoint, periodic evaluation.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -146,7 +147,11 @@ def _build_runtimes(exp: ExperimentConfig, total_updates: int, only: int | None 
     runtimes: list[AgentRuntime] = []
     try:
         with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
-            for i in range(len(exp.agents)) if only is None else [only]:
+            if only is not None:  # a job of one agent: its nodes, GPUs and cores are laid out for it alone (its
+                # own allocation); its seeds stay those of its index in the shared config
+                job = dataclasses.replace(exp, agents=[exp.agents[only]])
+                runtimes.append(build_runtime(job, only, total_updates, agent_cfg=exp.agents[only]))
+            for i in range(len(exp.agents)) if only is None else []:
                 runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)

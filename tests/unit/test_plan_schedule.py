@@ -15,6 +15,7 @@ from hacrl_megatron.plan.timing import (
     Assumptions,
     Tokens,
     overlapped_step_seconds,
+    separate_jobs_seconds,
     sequential_step_seconds,
     step_seconds,
     verify_seconds,
@@ -67,6 +68,28 @@ def test_schedule_formulas_by_hand():
     # one agent: every schedule is the sum of its stages
     one = step_seconds([A], 0.0)
     assert one["total_s"] == sequential_step_seconds([A], 0.0) == 162.0
+
+
+def test_separate_jobs_by_hand():
+    """Each agent as its own job: its own stages plus its share (1/n) of the controller's verify and
+    re-tokenisation; every job advances at the slowest job's pace (steady state) and waits the difference."""
+    jobs = separate_jobs_seconds({"a": A, "b": B}, verify_s=4.0, retokenize_s=6.0)
+    # a: 100 + 10 + 50 + 2 + (4 + 6) / 2 = 167; b: 60 + 30 + 40 + 5 + 5 = 140
+    assert jobs == {"a": {"own_s": 167.0, "barrier_wait_s": 0.0, "step_s": 167.0},
+                    "b": {"own_s": 140.0, "barrier_wait_s": 27.0, "step_s": 167.0}}
+    # below the one-process step (every stage at its slowest agent's time: 100 + 4 + 6 + 30 + 50 + 5 = 195)
+    assert step_seconds([A, B], 4.0, 6.0)["total_s"] == 195.0
+    assert separate_jobs_seconds({"a": A}, 4.0) == {"a": {"own_s": 166.0, "barrier_wait_s": 0.0, "step_s": 166.0}}
+
+
+def test_70b_separate_jobs(plan70b):
+    jobs = plan70b["step_separate_jobs_s"]
+    assert sorted(jobs) == ["llama70b", "qwen72b"]
+    slowest = max(j["own_s"] for j in jobs.values())
+    for job in jobs.values():
+        assert job["step_s"] == pytest.approx(slowest, abs=0.01)
+        assert job["barrier_wait_s"] == pytest.approx(slowest - job["own_s"], abs=0.02)
+    assert slowest <= plan70b["step_time_s"]
 
 
 def test_verify_cost_is_per_response_over_workers():
@@ -153,6 +176,7 @@ def test_text_output_names_every_schedule(capsys):
     assert "run: 102824 s = steps + 12 checkpoint(s) of 2005.6 s + final export 143.3 s" in out
     assert "previous loop (rollout, pi_old and sync one agent after another): 2357.4 s" in out
     assert "rollout overlapped (train.rollout_mode one_step_off / async): 988.8 s per step" in out
+    assert "as separate jobs (hacrl train --agent, docs/exchange.md): llama70b " in out
     assert "llama70b: trainer on node 1 GPUs 0-7, node 2 GPUs 0-7, node 3 GPUs 0-7, node 4 GPUs 0-7; engines: " \
            "node 0 GPUs 0-3" in out
 
