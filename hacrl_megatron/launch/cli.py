@@ -4,6 +4,7 @@
     hacrl launch --executor slurm --account A --partition P --nodes 2 --gpus-per-node 8 \\
                  --container-image IMG --preset paper_qwen3_4b_with_instruct train.steps=200
     hacrl launch --executor docker --preset ... --detach
+    hacrl launch --executor slurm ... --per-agent-jobs exchange.backend=redis exchange.redis_url=...  # a job per agent
 
 Container image (docker and slurm): ``--container-image``, else ``$HACRL_IMAGE``, else
 ``hacrl-megatron:<package version>``, the tag the top-level Dockerfile is built with (README
@@ -62,6 +63,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="skip validating the config here (a preset path that exists only on the cluster)")
     p.add_argument("--env", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                    help="environment variable of the job (repeatable)")
+    p.add_argument("--agent", metavar="NAME",
+                   help="the job trains only agent NAME of the config (hacrl train --agent NAME); it meets the other "
+                        "agents' jobs through exchange.backend shared_dir or redis (docs/exchange.md)")
+    p.add_argument("--per-agent-jobs", action="store_true",
+                   help="one job per agent (each as with --agent, named <name>-<agent>, writing to "
+                        "<output_dir>/<agent>; on Slurm each on the fewest nodes, at most --nodes, its agent fits "
+                        "on alone), launched at once and waited for")
     g = p.add_argument_group("slurm / docker")
     g.add_argument("--account", help="sbatch --account (slurm, required)")
     g.add_argument("--partition", help="sbatch --partition")
@@ -139,13 +147,40 @@ def _check_slurm_flags(args: argparse.Namespace) -> None:
                          "without resume it would train from scratch (or be refused its own run folder)")
 
 
+def _check_agent_flags(args: argparse.Namespace, cfg: Any) -> None:
+    """ValueError for --agent / --per-agent-jobs that cannot work: an unknown agent, another job than train,
+    a local exchange (the jobs could not meet), or both flags at once."""
+    from hacrl_megatron.trainer.peers import agent_index, check_exchange_config
+
+    if args.agent and args.per_agent_jobs:
+        raise ValueError("--agent and --per-agent-jobs: give one (--per-agent-jobs launches every agent's --agent job)")
+    if (args.agent or args.per_agent_jobs) and args.job != "train":
+        raise ValueError(f"--{'agent' if args.agent else 'per-agent-jobs'} runs hacrl train --agent; not --job {args.job}")
+    if cfg is None:
+        return  # --no-validate: the job checks its config on the cluster
+    if args.agent:
+        agent_index(cfg, args.agent)
+    if args.agent or args.per_agent_jobs:
+        if len(cfg.agents) < 2:
+            raise ValueError("--per-agent-jobs: this config has one agent; launch it without --per-agent-jobs")
+        check_exchange_config(cfg)
+
+
 def main(args: argparse.Namespace) -> int:
-    if not args.no_validate:
-        load_config(args.preset, args.overrides)  # ConfigError: `hacrl` reports it and exits 2
+    from hacrl_megatron.errors import InputError
+
+    cfg = None if args.no_validate else load_config(args.preset, args.overrides)  # ConfigError: exit 2
     try:
         _check_slurm_flags(args)
+        _check_agent_flags(args, cfg)
+        if args.per_agent_jobs:
+            from hacrl_megatron.launch.per_agent import agent_jobs, run_agent_jobs
+
+            if cfg is None:
+                raise ValueError("--per-agent-jobs needs the config here (its agents name the jobs): drop --no-validate")
+            return run_agent_jobs(agent_jobs(args, cfg))
         executor = build_executor(args)
-    except (ValueError, ImportError) as err:
+    except (ValueError, ImportError, InputError) as err:
         print(f"hacrl launch: {err}", file=sys.stderr)
         return 2
     ray_script = {"port": args.ray_port, "wait_timeout_s": args.ray_wait_timeout,
@@ -153,7 +188,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         result = launch_train(args.preset, args.overrides, executor, args.name, subcommand=args.job,
                               base_dir=args.base_dir, detach=args.detach, tail_logs=args.tail_logs,
-                              dryrun=args.dryrun, **ray_script)
+                              dryrun=args.dryrun, agent=args.agent, **ray_script)
     except LaunchError as err:
         print(f"hacrl launch: {err}", file=sys.stderr)
         return 1

@@ -23,6 +23,7 @@ local id`` (on node 0 the same as local ids): ``len / tp`` engines at those plac
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -229,6 +230,29 @@ def _config_engines(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> li
             engines.append(Engine(node, first, tp))
         out.append(tuple(engines))
     return out
+
+
+def job_config(cfg: ExperimentConfig, agent: str) -> ExperimentConfig:
+    """``cfg`` as the job of its agent ``agent`` alone sees it for placement (``hacrl train --agent``: the
+    job's nodes and GPUs hold that agent's trainer and engines only)."""
+    found = [a for a in cfg.agents if a.name == agent]
+    if not found:
+        raise PlacementError(f"--agent {agent!r}: no such agent in this config; its agents are "
+                             f"{[a.name for a in cfg.agents]}")
+    return dataclasses.replace(cfg, agents=found)
+
+
+def fewest_nodes(cfg: ExperimentConfig, most: int, gpus_per_node: int) -> int:
+    """The fewest nodes (≤ ``most``) ``cfg`` fits on with ``gpus_per_node`` GPUs each; raises the
+    :class:`PlacementError` of ``most`` nodes when it fits on none."""
+    for nodes in range(1, most):
+        try:
+            node_plan(cfg, nodes, gpus_per_node)
+            return nodes
+        except PlacementError:
+            continue
+    node_plan(cfg, most, gpus_per_node)
+    return most
 
 
 def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan:

@@ -70,11 +70,13 @@ def hacrl_command(subcommand: str, preset: str | None, overrides: list[str] | No
 
 
 def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *, subcommand: str = "train",
-               ray_cluster: bool | None = None, extra_args: list[str] | None = None, **ray_script: Any) -> Any:
+               ray_cluster: bool | None = None, extra_args: list[str] | None = None, agent: str | None = None,
+               **ray_script: Any) -> Any:
     """The ``run.Script`` for one hacrl command on ``executor``.
 
     ``ray_cluster``: wrap the command in the Ray-cluster script (default: on Slurm executors);
-    ``ray_script``: keyword arguments of :func:`ray_cluster_script` (port, wait_timeout_s, ...).
+    ``ray_script``: keyword arguments of :func:`ray_cluster_script` (port, wait_timeout_s, ...);
+    ``agent``: the job trains that agent alone (``hacrl train --agent``): its nodes are planned for it alone.
     """
     run = require_nemo_run()
     python = python_executable(executor)
@@ -83,17 +85,18 @@ def build_task(preset: str | None, overrides: list[str] | None, executor: Any, *
         ray_cluster = isinstance(executor, run.SlurmExecutor)
     if ray_cluster:
         if isinstance(executor, run.SlurmExecutor) and "head_gpu_ids" not in ray_script:
-            ray_script = {**_slurm_placement(preset, overrides, executor), **ray_script}
+            ray_script = {**_slurm_placement(preset, overrides, executor, agent), **ray_script}
         return run.Script(inline=ray_cluster_script(cmd, python=python, **ray_script), entrypoint="bash")
     # a python -m script: run.Script's default entrypoint is bash, which cannot run a module
     return run.Script(path="hacrl_megatron", args=cmd[3:], entrypoint=python, m=True)
 
 
-def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: Any) -> dict[str, Any]:
-    """``head_gpu_ids`` and the placement header for a Slurm job of ``preset``
+def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: Any,
+                     agent: str | None = None) -> dict[str, Any]:
+    """``head_gpu_ids`` and the placement header for a Slurm job of ``preset`` (of its agent ``agent`` alone)
     (:mod:`hacrl_megatron.launch.placement`); {} when the config cannot be read here."""
     from hacrl_megatron.config import ConfigError, load_config
-    from hacrl_megatron.launch.placement import PlacementError, node_plan
+    from hacrl_megatron.launch.placement import PlacementError, job_config, node_plan
 
     if not executor.gpus_per_node:
         return {}  # CPU nodes: nothing to place
@@ -101,6 +104,8 @@ def _slurm_placement(preset: str | None, overrides: list[str] | None, executor: 
         cfg = load_config(preset, overrides)
     except (ConfigError, OSError):
         return {}  # --no-validate: a preset that exists only on the cluster
+    if agent is not None:
+        cfg = job_config(cfg, agent)
     try:
         plan = node_plan(cfg, int(executor.nodes), int(executor.gpus_per_node))
     except PlacementError as err:
@@ -172,17 +177,20 @@ def _log_path(job_dir: str) -> str | None:
 def launch_train(preset: str | None, overrides: list[str] | None, executor: Any, name: str = "hacrl", *,
                  subcommand: str = "train", base_dir: str | None = None, detach: bool = False,
                  tail_logs: bool = False, dryrun: bool = False, check: bool = True,
-                 ray_cluster: bool | None = None, extra_args: list[str] | None = None,
+                 ray_cluster: bool | None = None, extra_args: list[str] | None = None, agent: str | None = None,
                  **ray_script: Any) -> LaunchResult:
     """Run ``hacrl <subcommand> --preset <preset> <overrides>`` as NeMo-Run experiment ``name``.
 
     Blocks until the job ends unless ``detach`` (Slurm: returns once submitted). ``dryrun``
     writes the job files (e.g. the sbatch script) under ``base_dir`` without submitting.
-    ``check``: raise :class:`LaunchError` when the job failed or was cancelled.
+    ``check``: raise :class:`LaunchError` when the job failed or was cancelled. ``agent``: the job is
+    ``hacrl train --agent <agent>``, one agent of the config trained alone (docs/exchange.md).
     """
     run = require_nemo_run()
+    if agent is not None:
+        extra_args = ["--agent", agent, *(extra_args or [])]
     task = build_task(preset, overrides, executor, subcommand=subcommand, ray_cluster=ray_cluster,
-                      extra_args=extra_args, **ray_script)
+                      extra_args=extra_args, agent=agent, **ray_script)
     base_dir = local_slurm_base_dir(executor, base_dir, dryrun)
     # exp._id / exp._exp_dir: NeMo-Run 0.11 has no public accessor for the id it prints and stores
     slurm = _sbatch_requeue_agrees() if isinstance(executor, run.SlurmExecutor) else contextlib.nullcontext()

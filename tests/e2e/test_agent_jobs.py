@@ -107,3 +107,22 @@ def test_separate_jobs_equal_the_one_process_run_with_rollout_one_step_off(tmp_p
     jobs = run_jobs(tmp_path, exchange)
     assert_same_as_one_process(jobs, tmp_path / "joint")
     assert metrics(jobs["llama"])[-1]["llama/staleness"] == 1.0
+
+
+@pytest.mark.slow
+def test_launch_per_agent_jobs_trains_every_agent_as_its_own_local_job(tmp_path):
+    """`hacrl launch --per-agent-jobs` on the local executor: a NeMo-Run job per agent, run at once, each
+    writing to <output_dir>/<agent>, meeting through the shared folder."""
+    pytest.importorskip("nemo_run")
+    out = tmp_path / "run"
+    done = subprocess.run([sys.executable, "-m", "hacrl_megatron", "launch", "--base-dir", str(tmp_path / "nemo"),
+                           "--name", "sep", "--per-agent-jobs", "train.steps=2", "train.eval_every=0",
+                           "log.progress=false", "log.tensorboard=false", f"output_dir={out}",
+                           "exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}"],
+                          cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "hacrl launch: agent 'llama': exit 0" in done.stderr and "hacrl launch: agent 'qwen3': exit 0" in done.stderr
+    for agent in AGENTS:
+        rows = metrics(out / agent)
+        assert [r[f"{agent}/exchange/peers_missing"] for r in rows] == [0.0, 0.0]
+        assert (out / agent / "final" / agent / "model.safetensors").is_file()
