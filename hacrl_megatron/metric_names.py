@@ -35,6 +35,9 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/trainer/updates", "updates", "optimizer updates the agent made so far"),
     ("<agent>/trainer/<stat>", "per counter", "other counters a trainer reports (Ray ranks, GPU memory)"),
     ("<agent>/exchange/from_<source>/n", "sequences", "source responses re-tokenized for the agent this step"),
+    ("<agent>/exchange/peers_missing", "agents", "hacrl train --agent: peers whose record did not come this step "
+     "(exchange.on_missing=alone: the step trained on the agent's own responses)"),
+    ("<agent>/exchange/wait_s", "s", "hacrl train --agent: the step's wait for its peers' records"),
     ("<agent>/exchange/from_<source>/token_ratio", "ratio", "learner tokens per source token of those responses"),
     ("<agent>/exchange/from_<source>/roundtrip_mismatch", "fraction",
      "share whose text changes through the learner's tokenizer (decode ∘ encode)"),
@@ -79,6 +82,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/hacpo/moe/aux_loss_coeff", "coefficient", "model.moe_aux_loss_coeff"),
     ("<agent>/hacpo/moe/z_loss_coeff", "coefficient", "model.moe_z_loss_coeff"),
     ("time/rollout_s", "s", "rollout stage of the step"),
+    ("time/exchange_s", "s", "hacrl train --agent: publishing this job's record, waiting for and reading the peers'"),
     ("time/verify_s", "s", "verifier stage"),
     ("time/old_logprob_s", "s", "π_old (and reference) log-prob passes"),
     ("time/samples_s", "s", "writing samples/step-NNNNNN.jsonl (its steps only: log.samples_every)"),

@@ -38,6 +38,7 @@ ENUMS = {  # dotted pattern → the allowed values (validation.py checks them wi
     "hacpo.kl_estimator": schema.KL_ESTIMATORS, "train.minibatch_order": schema.MINIBATCH_ORDERS,
     "train.rollout_mode": schema.ROLLOUT_MODES, "train.lr_schedule": ("constant", "cosine"),
     "train.verifier_mode": ("math", "math_verify"),
+    "exchange.backend": schema.EXCHANGE_BACKENDS, "exchange.on_missing": schema.ON_MISSING,
 }
 # keys whose schema line has no comment (a new key without either fails tests/unit/test_reference_docs.py)
 MEANINGS = {
