@@ -421,9 +421,11 @@ def train(exp: ExperimentConfig, agent: str | None = None) -> Run:
 def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) -> Run:
     run = setup(exp, agent)
     exp = run.exp
-    if run.peers is not None and not exp.checkpoint.resume:
+    if run.peers is not None:
         try:
-            run.peers.check_fresh()  # records of this agent under the run id belong to an earlier run
+            if not exp.checkpoint.resume:
+                run.peers.check_fresh()  # records of this agent under the run id belong to an earlier run
+            run.peers.take_agent()  # another job of this agent (or this one before a restart) stops at its publish
         except BaseException as err:
             close_all([run.source.close, run.verifier.close, run.peers.close, *(rt.close for rt in run.runtimes)],
                       primary=err)

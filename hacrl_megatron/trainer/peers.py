@@ -22,6 +22,9 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
+import secrets
+import socket
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,11 @@ class PeerAgent:
 
     index: int
     name: str
+
+
+class AgentTakenOver(InputError):
+    """Another job claimed this job's agent in the exchange (a second job of the same agent, or a restart of
+    this one elsewhere): this job stops so that one job only publishes the agent's records."""
 
 
 class ExchangeMismatch(InputError):
@@ -108,6 +116,8 @@ class PeerExchange:
         self.peers = [a for a in agents if a.index != own.index]
         self.digest = shared_config_digest(exp)
         self.gspo = build_algorithm(dataclasses.replace(exp.hacpo, algorithm="gspo"), len(agents))
+        # this job's id in the agent's claim: another job that claims the agent later takes it over
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
 
     @classmethod
     def open(cls, exp: ExperimentConfig, agents: list[Any], own: Any) -> PeerExchange:
@@ -127,6 +137,11 @@ class PeerExchange:
                              "another exchange.run_id, delete those records, or continue that run with "
                              "checkpoint.resume=true")
 
+    def take_agent(self) -> None:
+        """Claim this job's agent in the exchange (a job of the same agent running elsewhere stops at its next
+        publish, :class:`AgentTakenOver`)."""
+        self.store.claim(self.own.name, self.holder)
+
     def _where(self) -> str:
         x = self.exp.exchange
         return {"shared_dir": f"exchange.dir {x.dir}", "redis": f"exchange.redis_url {x.redis_url}"}.get(
@@ -137,6 +152,11 @@ class PeerExchange:
         and Σ log π_old — Σ log π_behav instead where the batch lags behind the weights (a peer's learner
         treats that as the proximal policy of a cross row, docs/algorithm.md §7b)."""
         own = self.own
+        holder = self.store.holder_of(own.name)
+        if holder != self.holder:
+            raise AgentTakenOver(f"exchange run {self.store.run_id!r} ({self._where()}): agent {own.name!r} was "
+                                 f"claimed by another job ({holder}) after this one ({self.holder}); this job stops "
+                                 "so that one job only trains and publishes the agent")
         trajs = data.trajectories[own.name]
         stale = behaviour.get(own.name)
         record = PeerRecord.from_trajectories(

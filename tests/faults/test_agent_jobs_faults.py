@@ -149,3 +149,25 @@ def test_a_peer_killed_mid_run_resumes_and_rejoins_while_the_other_trains_alone(
     assert back[-1]["step"] == steps
     # the resumed job re-read llama's records of the steps it redid (kept: exchange.keep_steps=20)
     assert all(r["qwen3/exchange/peers_missing"] == 0.0 for r in back[:steps - 1]), back
+
+
+def test_a_second_job_of_the_same_agent_takes_it_over_and_the_first_stops(tmp_path):
+    """Two jobs train agent llama in one exchange (e.g. a restart elsewhere while the first still runs): the
+    later one claims the agent and the earlier one stops at its next publish (exit 2, naming both), so the
+    agent's records have one author."""
+    common = [*BASE, "train.steps=30", *shared(tmp_path, "exchange.wait_s=0.2", "exchange.on_missing=alone")]
+    first = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--agent", "llama", *common,
+                              f"output_dir={tmp_path / 'first'}"], cwd=tmp_path, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+    wait_for_rows(tmp_path / "first", 2, first)
+    # checkpoint.resume=true: the second job may start where records of its agent exist (the fresh-run check)
+    second = hacrl_train(["--agent", "llama", *BASE, "train.steps=2", f"output_dir={tmp_path / 'second'}",
+                          "checkpoint.resume=true", *shared(tmp_path, "exchange.wait_s=0.2",
+                                                            "exchange.on_missing=alone")], tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    out, _ = first.communicate(timeout=300)
+    assert first.returncode == 2, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"hacrl: exchange run 'cpu_demo' (exchange.dir {tmp_path / 'ex'}): agent 'llama' was "
+                           "claimed by another job ("), last
+    assert "this job stops so that one job only trains and publishes the agent" in last

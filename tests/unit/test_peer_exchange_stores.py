@@ -86,6 +86,23 @@ def test_round_trip_between_two_jobs(make_store):
 
 
 @pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
+def test_the_last_claim_of_an_agent_holds(make_store):
+    """Two jobs of one agent: the later claim wins and both see it (the earlier job then stops)."""
+    first = make_store()
+    second = make_store(first.run_id)
+    assert first.holder_of("agent1") is None
+    first.claim("agent1", "host-a:100:aa")
+    assert second.holder_of("agent1") == "host-a:100:aa"
+    second.claim("agent1", "host-b:200:bb")
+    assert first.holder_of("agent1") == second.holder_of("agent1") == "host-b:200:bb"
+    assert first.holder_of("agent2") is None  # claims are per agent
+    with pytest.raises(ValueError, match="must be 1 to 256 characters"):
+        first.claim("agent1", "x" * 257)
+    with pytest.raises(ValueError):
+        first.claim("../agent1", "host-a:1:cc")  # an agent name that is not one
+
+
+@pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
 def test_wait_with_a_late_peer(make_store):
     store = make_store()
     late = make_store(store.run_id)

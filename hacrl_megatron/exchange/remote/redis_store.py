@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits
 from hacrl_megatron.exchange.remote.signing import KeyFileError, load_secret
-from hacrl_megatron.exchange.remote.store import ExchangeStore
+from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeStore
 
 NAMESPACE = "hacrl:exchange"
 
@@ -116,6 +116,16 @@ class RedisStore(ExchangeStore):
         pipe.delete(self._record_key(step, agent))
         pipe.zrem(self._steps_key(agent), str(step))
         self._call("prune", pipe.execute)
+
+    def _claim_key(self, agent: str) -> str:
+        return f"{NAMESPACE}:{self.run_id}:claim:{agent}"
+
+    def _put_claim(self, agent: str, data: bytes) -> None:
+        self._call("claim", self._client.set, self._claim_key(agent), data)
+
+    def _get_claim(self, agent: str) -> bytes | None:
+        data = self._call("GETRANGE", self._client.getrange, self._claim_key(agent), 0, MAX_HOLDER_CHARS - 1)
+        return bytes(data) if data else None
 
     def close(self) -> None:
         self._client.close()

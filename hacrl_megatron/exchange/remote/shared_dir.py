@@ -19,7 +19,7 @@ from pathlib import Path
 from hacrl_megatron.durable import fsync_dir
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits, refusal
-from hacrl_megatron.exchange.remote.store import ExchangeStore
+from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeStore
 
 _NAME_RE = re.compile(r"step-(\d{8})\.([A-Za-z_][A-Za-z0-9_]*)\.json")
 _TMP_PREFIX = ".tmp-"
@@ -45,8 +45,20 @@ class SharedDirStore(ExchangeStore):
     def path(self, step: int, agent: str) -> Path:
         return self.folder / f"step-{step:08d}.{agent}.json"
 
+    def claim_path(self, agent: str) -> Path:
+        return self.folder / f"claim.{agent}"
+
     def _put(self, step: int, agent: str, data: bytes) -> None:
-        final = self.path(step, agent)
+        self._write(self.path(step, agent), data)
+
+    def _put_claim(self, agent: str, data: bytes) -> None:
+        self._write(self.claim_path(agent), data)
+
+    def _get_claim(self, agent: str) -> bytes | None:
+        return self._read(self.claim_path(agent), agent, MAX_HOLDER_CHARS)
+
+    def _write(self, final: Path, data: bytes) -> None:
+        """``data`` as ``final``, whole or not at all (a temporary file fsynced and renamed over it)."""
         # a name no other writer (process or thread, on any host) can pick: pid plus 64 random bits
         tmp = self.folder / f"{_TMP_PREFIX}{final.name}.{os.getpid()}.{secrets.token_hex(8)}"
         try:
@@ -66,6 +78,11 @@ class SharedDirStore(ExchangeStore):
 
     def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
         path = self.path(step, agent)
+        data = self._read(path, agent, self.limits.max_bytes + 1)  # +1: an oversized file is seen as such
+        return None if data is None else (data, str(path))
+
+    def _read(self, path: Path, agent: str, limit: int) -> bytes | None:
+        """At most ``limit`` bytes of ``path``; None when it does not exist."""
         # no symlink followed, and nothing but a regular file read: whoever else can write to the
         # folder could otherwise point a reader at another file or block it on a named pipe
         try:
@@ -80,7 +97,7 @@ class SharedDirStore(ExchangeStore):
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise refusal(agent, str(path), "record", "not a regular file")
             with os.fdopen(fd, "rb", closefd=False) as f:
-                return f.read(self.limits.max_bytes + 1), str(path)  # +1: an oversized file is seen as such
+                return f.read(limit)
         finally:
             os.close(fd)
 

@@ -36,6 +36,7 @@ log = logging.getLogger(__name__)
 RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the config's identifier rule, ASCII only
 POLL_FIRST_S, POLL_MAX_S = 0.01, 0.25  # poll back-off: quick when peers are close, cheap when they are far
+MAX_HOLDER_CHARS = 256  # a job's id in a claim (host, pid, random part)
 
 
 def check_run_id(run_id: str) -> str:
@@ -134,6 +135,18 @@ class ExchangeStore(ABC):
         return WaitResult(records, missing, {p: refused[p] for p in missing if p in refused},
                           time.monotonic() - start)
 
+    def claim(self, agent: str, holder: str) -> None:
+        """Record that the job ``holder`` (an id unique to one job) now trains ``agent`` in this run; a later
+        claim replaces it (a restarted job takes its agent over)."""
+        if not holder or len(holder) > MAX_HOLDER_CHARS:
+            raise ValueError(f"exchange claim: holder {holder!r} must be 1 to {MAX_HOLDER_CHARS} characters")
+        self._put_claim(check_agent(agent), holder.encode())
+
+    def holder_of(self, agent: str) -> str | None:
+        """The job that claimed ``agent`` last (:meth:`claim`), None when none did."""
+        data = self._get_claim(check_agent(agent))
+        return None if data is None else data[:MAX_HOLDER_CHARS].decode("utf-8", "replace")
+
     def steps(self, agent: str) -> list[int]:
         """The steps ``agent`` has records of here, ascending."""
         return sorted(self._steps(check_agent(agent)))
@@ -187,12 +200,21 @@ class ExchangeStore(ABC):
     def _delete(self, step: int, agent: str) -> None:
         """Remove (step, agent)'s record if present."""
 
+    @abstractmethod
+    def _put_claim(self, agent: str, data: bytes) -> None:
+        """Store ``agent``'s claim (the holder's id), replacing any."""
+
+    @abstractmethod
+    def _get_claim(self, agent: str) -> bytes | None:
+        """``agent``'s claim, at most ``MAX_HOLDER_CHARS`` bytes read; None if absent."""
+
 
 class _Memory:
     """The records of a :class:`LocalStore` and the condition its waiters sleep on."""
 
     def __init__(self) -> None:
         self.data: dict[tuple[int, str], bytes] = {}
+        self.claims: dict[str, bytes] = {}
         self.version = 0  # publishes so far: a waiter compares it to see one it would have missed
         self.cond = threading.Condition()
 
@@ -233,6 +255,14 @@ class LocalStore(ExchangeStore):
     def _delete(self, step: int, agent: str) -> None:
         with self._mem.cond:
             self._mem.data.pop((step, agent), None)
+
+    def _put_claim(self, agent: str, data: bytes) -> None:
+        with self._mem.cond:
+            self._mem.claims[agent] = data
+
+    def _get_claim(self, agent: str) -> bytes | None:
+        with self._mem.cond:
+            return self._mem.claims.get(agent)
 
     def _poll_token(self) -> object:
         with self._mem.cond:
