@@ -161,6 +161,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
         check_exchange_config(cfg)
     log_to_console()
     from hacrl_megatron.agents.ray_placement import TrainerNodeLost
+    from hacrl_megatron.exchange.remote.store import ExchangeBackendError
     from hacrl_megatron.trainer.guards import NonFiniteError
 
     try:
@@ -178,6 +179,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         return 1
     except TrainerNodeLost as err:  # a trainer rank's node left the cluster; the message names the last checkpoint
         print(f"hacrl: {str(err).splitlines()[0]}", file=sys.stderr)
+        return 1
+    except ExchangeBackendError as err:  # hacrl train --agent: the exchange's server or folder failed mid-run
+        print(f"hacrl: {err}; {resume_note(cfg)}", file=sys.stderr)
         return 1
     return 0
 

@@ -171,3 +171,28 @@ def test_a_second_job_of_the_same_agent_takes_it_over_and_the_first_stops(tmp_pa
     assert last.startswith(f"hacrl: exchange run 'cpu_demo' (exchange.dir {tmp_path / 'ex'}): agent 'llama' was "
                            "claimed by another job ("), last
     assert "this job stops so that one job only trains and publishes the agent" in last
+
+
+def test_an_exchange_folder_lost_mid_run_stops_the_job_with_one_line_and_it_resumes(tmp_path):
+    """The shared folder disappears under a running job (an unmounted filesystem): exit 1, one line naming the
+    folder and the last checkpoint; with the folder back, the job resumes from that checkpoint."""
+    import shutil
+
+    common = [*BASE, "train.steps=30", "checkpoint.every=2", f"output_dir={tmp_path / 'llama'}",
+              *shared(tmp_path, "exchange.wait_s=0.2", "exchange.on_missing=alone")]
+    job = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--agent", "llama", *common],
+                           cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    wait_for_rows(tmp_path / "llama", 3, job)
+    run_folder = tmp_path / "ex" / "cpu_demo"
+    shutil.rmtree(run_folder)
+    run_folder.write_text("not a folder")
+    out, _ = job.communicate(timeout=300)
+    assert job.returncode == 1, out[-3000:]
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(f"hacrl: exchange folder {run_folder}: "), last  # reading its claim or writing a record
+    assert "failed: Not a directory; last checkpoint: " in last and "checkpoint.resume=true" in last
+    run_folder.unlink()
+    done = hacrl_train(["--agent", "llama", *common[:-2], "train.steps=5", "checkpoint.resume=true",
+                        *shared(tmp_path, "exchange.wait_s=0.2", "exchange.on_missing=alone")], tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert rows(tmp_path / "llama")[-1]["step"] == 5

@@ -288,3 +288,31 @@ def test_two_writer_processes_and_a_reader_never_see_a_partial_record(backend, t
         assert sorted(p.name for p in (tmp_path / "ex" / run_id).iterdir()) == sorted(
             f"step-{s:08d}.{a}.json" for s in range(4) for a in ("agent1", "agent2"))
     store.close()
+
+
+def test_shared_dir_io_failures_are_one_line_naming_the_folder(tmp_path, monkeypatch):
+    import errno
+    import shutil
+
+    from hacrl_megatron.durable import OutOfSpaceError
+    from hacrl_megatron.exchange.remote import ExchangeBackendError
+
+    store = SharedDirStore(tmp_path / "ex", "run-a")
+    store.publish(make_record(step=0, agent="agent1"))
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "write", full)
+        with pytest.raises(OutOfSpaceError, match=rf"exchange.dir {store.folder}: no space left on the device for "
+                                                  r"writing step-00000001.agent1.json"):
+            store.publish(make_record(step=1, agent="agent1"))
+    assert [p.name for p in store.folder.iterdir()] == ["step-00000000.agent1.json"]  # no temporary file left
+    shutil.rmtree(store.folder)
+    store.folder.write_text("not a folder")  # the run's folder replaced by a file mid-run
+    with pytest.raises(ExchangeBackendError, match=rf"exchange folder {store.folder}: writing "
+                                                   r"step-00000001.agent1.json failed: Not a directory"):
+        store.publish(make_record(step=1, agent="agent1"))
+    with pytest.raises(ExchangeBackendError, match="listing it failed: Not a directory"):
+        store.prune("agent1", 5, 1)

@@ -22,7 +22,7 @@ from hacrl_megatron.exchange.remote.record import (
     parse_record,
 )
 from hacrl_megatron.exchange.remote.signing import KeyFileError, load_key
-from hacrl_megatron.exchange.remote.store import ExchangeStore, LocalStore, WaitResult
+from hacrl_megatron.exchange.remote.store import ExchangeBackendError, ExchangeStore, LocalStore, WaitResult
 
 BACKENDS = ("local", "shared_dir", "redis")
 
@@ -57,6 +57,7 @@ def open_store(backend: str, run_id: str, *, dir: str | os.PathLike | None = Non
 __all__ = [
     "BACKENDS",
     "DEFAULT_LIMITS",
+    "ExchangeBackendError",
     "FORMAT",
     "ExchangeRecordError",
     "ExchangeStore",

@@ -20,13 +20,9 @@ from urllib.parse import urlsplit
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits
 from hacrl_megatron.exchange.remote.signing import KeyFileError, load_secret
-from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeStore
+from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeBackendError, ExchangeStore
 
 NAMESPACE = "hacrl:exchange"
-
-
-class ExchangeBackendError(RuntimeError):
-    """The exchange server cannot be reached or refused a command; the message names the server."""
 
 
 def _import_redis() -> Any:

@@ -16,10 +16,10 @@ import secrets
 import stat
 from pathlib import Path
 
-from hacrl_megatron.durable import fsync_dir
+from hacrl_megatron.durable import OutOfSpaceError, fsync_dir
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits, refusal
-from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeStore
+from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeBackendError, ExchangeStore
 
 _NAME_RE = re.compile(r"step-(\d{8})\.([A-Za-z_][A-Za-z0-9_]*)\.json")
 _TMP_PREFIX = ".tmp-"
@@ -71,10 +71,15 @@ class SharedDirStore(ExchangeStore):
             finally:
                 os.close(fd)
             os.replace(tmp, final)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
+            fsync_dir(self.folder)  # the rename itself survives a crash of this node
+        except BaseException as err:
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass  # the folder itself is gone or unwritable: the error below names it
+            if isinstance(err, OSError):
+                raise self._failed(f"writing {final.name}", err) from None
             raise
-        fsync_dir(self.folder)  # the rename itself survives a crash of this node
 
     def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
         path = self.path(step, agent)
@@ -92,7 +97,7 @@ class SharedDirStore(ExchangeStore):
         except OSError as err:
             if err.errno == errno.ELOOP:
                 raise refusal(agent, str(path), "record", "a symbolic link (records are plain files)") from None
-            raise
+            raise self._failed(f"reading {path.name}", err) from None
         try:
             if not stat.S_ISREG(os.fstat(fd).st_mode):
                 raise refusal(agent, str(path), "record", "not a regular file")
@@ -101,17 +106,33 @@ class SharedDirStore(ExchangeStore):
         finally:
             os.close(fd)
 
+    def _failed(self, what: str, err: OSError) -> OSError | ExchangeBackendError:
+        """One line naming the folder: a full disk as :class:`OutOfSpaceError`, anything else as
+        :class:`ExchangeBackendError` (a folder gone, unwritable, or a filesystem error)."""
+        if err.errno == errno.ENOSPC:
+            return OutOfSpaceError(f"exchange.dir {self.folder}: no space left on the device for {what}")
+        return ExchangeBackendError(f"exchange folder {self.folder}: {what} failed: {err.strerror or err}")
+
+    def _listdir(self) -> list[str]:
+        try:
+            return os.listdir(self.folder)
+        except OSError as err:
+            raise self._failed("listing it", err) from None
+
     def _steps(self, agent: str) -> list[int]:
         steps = []
-        for name in os.listdir(self.folder):
+        for name in self._listdir():
             m = _NAME_RE.fullmatch(name)
             if m and m.group(2) == agent:
                 steps.append(int(m.group(1)))
         return sorted(steps)
 
     def _delete(self, step: int, agent: str) -> None:
-        self.path(step, agent).unlink(missing_ok=True)
-        # a temporary file left by a writer of this (step, agent) that died before its rename
-        for name in os.listdir(self.folder):
-            if name.startswith(f"{_TMP_PREFIX}{self.path(step, agent).name}."):
-                (self.folder / name).unlink(missing_ok=True)
+        try:
+            self.path(step, agent).unlink(missing_ok=True)
+            # a temporary file left by a writer of this (step, agent) that died before its rename
+            for name in self._listdir():
+                if name.startswith(f"{_TMP_PREFIX}{self.path(step, agent).name}."):
+                    (self.folder / name).unlink(missing_ok=True)
+        except OSError as err:
+            raise self._failed(f"deleting {self.path(step, agent).name}", err) from None

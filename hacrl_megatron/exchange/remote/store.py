@@ -51,6 +51,11 @@ def check_agent(agent: str) -> str:
     return agent
 
 
+class ExchangeBackendError(RuntimeError):
+    """The exchange cannot be reached or refused an operation (a server down, a folder gone or unwritable);
+    the message names the server or folder. A training job stops with exit 1 and resumes from its checkpoint."""
+
+
 @dataclass(frozen=True)
 class WaitResult:
     """What :meth:`ExchangeStore.wait_for` found for one step.
