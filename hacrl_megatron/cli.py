@@ -154,11 +154,16 @@ def _cmd_train(args: argparse.Namespace) -> int:
         cfg = new_run_folders(cfg)
         print(f"hacrl: --new: this run writes to {cfg.output_dir}", file=sys.stderr)
     _check_files(cfg)  # before any import of torch, warm-up or model build
-    if args.agent is not None:
-        from hacrl_megatron.trainer.peers import agent_index, check_exchange_config
+    if args.agent is not None:  # the exchange is usable before any model is built
+        from hacrl_megatron.exchange.remote.store import ExchangeBackendError
+        from hacrl_megatron.trainer.peers import agent_index, check_exchange_config, open_exchange_store
 
         agent_index(cfg, args.agent)
         check_exchange_config(cfg)
+        try:
+            open_exchange_store(cfg).close()
+        except ExchangeBackendError as err:  # a server that does not answer: one line, exit 2 (nothing ran)
+            raise InputError(str(err)) from None
     log_to_console()
     from hacrl_megatron.agents.ray_placement import TrainerNodeLost
     from hacrl_megatron.exchange.remote.store import ExchangeBackendError

@@ -104,6 +104,14 @@ def check_exchange_config(exp: ExperimentConfig) -> None:
                          "strip_all")
 
 
+def open_exchange_store(exp: ExperimentConfig) -> ExchangeStore:
+    """The store ``exchange.*`` names, connected (a Redis server answered PING, the folder exists) and with its
+    key loaded; raises one line naming the option, file, folder or server that is not usable."""
+    x = exp.exchange
+    return open_store(x.backend, exchange_run_id(exp), dir=x.dir, redis_url=x.redis_url,
+                      redis_password_file=x.redis_password_file, redis_ca_file=x.redis_ca_file, key_file=x.key_file)
+
+
 class PeerExchange:
     """This job's side of the exchange: publish the own record of a step, gather and check the peers'.
 
@@ -121,11 +129,7 @@ class PeerExchange:
 
     @classmethod
     def open(cls, exp: ExperimentConfig, agents: list[Any], own: Any) -> PeerExchange:
-        x = exp.exchange
-        store = open_store(x.backend, exchange_run_id(exp), dir=x.dir, redis_url=x.redis_url,
-                           redis_password_file=x.redis_password_file, redis_ca_file=x.redis_ca_file,
-                           key_file=x.key_file)
-        return cls(exp, agents, own, store)
+        return cls(exp, agents, own, open_exchange_store(exp))
 
     def check_fresh(self) -> None:
         """A fresh run (not a resume) refuses a store that already holds this agent's records of its run id:

@@ -99,6 +99,19 @@ def test_a_wrong_setup_is_one_line_and_exit_2(tmp_path, args, message):
     assert done.stderr.strip().splitlines()[-1].startswith(message), done.stderr[-2000:]
 
 
+def test_an_unreachable_redis_server_is_refused_before_any_model_is_built(tmp_path):
+    pytest.importorskip("redis")
+    from tests.fixtures.redis_server import free_port
+
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    done = hacrl_train(["--agent", "llama", *BASE, "exchange.backend=redis", f"exchange.redis_url={url}",
+                        f"output_dir={tmp_path / 'run'}"], tmp_path, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines()[-1].startswith(f"hacrl: exchange redis server {url}: PING failed: "
+                                                           "ConnectionError")
+    assert not (tmp_path / "run").exists()  # refused before the run folder, warm-up or model
+
+
 def test_a_fresh_job_refuses_an_exchange_holding_its_records_of_an_earlier_run(tmp_path):
     SharedDirStore(tmp_path / "ex", "cpu_demo").publish(make_record(step=3, agent="llama", run_id="cpu_demo"))
     done = hacrl_train(["--agent", "llama", *BASE, "train.steps=1", f"output_dir={tmp_path / 'llama'}",
