@@ -6,7 +6,6 @@ Skipped without ``redis-server`` (and ``openssl`` for the TLS case) unless ``HAC
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import uuid
@@ -16,6 +15,7 @@ import pytest
 from hacrl_megatron.exchange.remote import KeyFileError, open_store
 from hacrl_megatron.exchange.remote.redis_store import ExchangeBackendError
 from tests.fixtures.redis_server import REQUIRE_ENV, redis_server, start_redis, stop_redis  # noqa: F401
+from tests.fixtures.required import skip_or_fail
 from tests.unit.test_peer_exchange_record import make_record
 
 pytestmark = pytest.mark.redis
@@ -51,9 +51,7 @@ def test_unreachable_server_is_one_line_naming_it(tmp_path):
 def self_signed_cert(folder):
     """A certificate (its own CA) for 127.0.0.1, made with the openssl command."""
     if shutil.which("openssl") is None:
-        if os.environ.get(REQUIRE_ENV) == "1":
-            pytest.fail(f"{REQUIRE_ENV}=1 but no openssl command for the TLS test")
-        pytest.skip("no openssl command")
+        skip_or_fail(REQUIRE_ENV, "no openssl command for the TLS test")
     cert, key = folder / "server.crt", folder / "server.key"
     subprocess.run(["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
                     "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "2", "-subj", "/CN=127.0.0.1",
