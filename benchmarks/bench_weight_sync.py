@@ -35,7 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hacrl_megatron.net import free_port  # noqa: E402
 from hacrl_megatron.sync.base import buckets  # noqa: E402
-from hacrl_megatron.sync.distributed import (  # noqa: E402
+from hacrl_megatron.sync.weight_group import (  # noqa: E402
     broadcast_async,
     flatten_bucket,
     init_weight_group,

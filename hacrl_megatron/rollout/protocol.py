@@ -146,7 +146,7 @@ class BroadcastWeightLoader(Protocol):
     def update_weights_from_distributed(self, *, names: list[str], dtypes: list[str], shapes: list[list[int]],
                                         group_name: str, flush_cache: bool, version: int) -> None:
         """Receive one bucket broadcast from group rank 0: the tensors' bytes concatenated in order
-        without padding (``sync/distributed.flatten_bucket``); dtypes as torch names ("bfloat16").
+        without padding (``sync/weight_group.flatten_bucket``); dtypes as torch names ("bfloat16").
         Returns after the engine loaded them."""
         ...
 

@@ -55,7 +55,7 @@ from hacrl_megatron.rollout.server_secrets import redact
 from hacrl_megatron.rollout.servers import ServerLifecycle
 from hacrl_megatron.rollout.types import Completion, SamplingParams, sample_seeds
 
-# SGLang's name for the bucket layout of update_weights_from_distributed (sync/distributed.flatten_bucket)
+# SGLang's name for the bucket layout of update_weights_from_distributed (sync/weight_group.flatten_bucket)
 FLATTENED_BUCKET = "flattened_bucket"
 # the first release whose scheduler refuses tensor/distributed pushes outside POST /begin_weight_update ...
 # POST /end_weight_update (0.5.20 has neither route; 0.5.21's weight updater checks the session)

@@ -15,8 +15,9 @@ from hacrl_megatron.rollout import EnginePool, HFEngine, SamplingParams, SGLangE
 from hacrl_megatron.sync import WeightSyncError, check_sync, sync_weights
 from hacrl_megatron.sync.base import buckets, with_last
 from hacrl_megatron.sync.disk import DiskTransport
-from hacrl_megatron.sync.distributed import DistributedTransport, flatten_bucket, unflatten_bucket
+from hacrl_megatron.sync.distributed import DistributedTransport
 from hacrl_megatron.sync.tensor import TensorTransport
+from hacrl_megatron.sync.weight_group import flatten_bucket, unflatten_bucket
 from tests.fixtures.fake_sglang_server import StandIn
 from tests.fixtures.sglang_validator import VERSIONS
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
