@@ -155,8 +155,9 @@ def _cmd_train(args: argparse.Namespace) -> int:
         print(f"hacrl: --new: this run writes to {cfg.output_dir}", file=sys.stderr)
     _check_files(cfg)  # before any import of torch, warm-up or model build
     if args.agent is not None:  # the exchange is usable before any model is built
+        from hacrl_megatron.config.agent_jobs import agent_index, check_exchange_config
         from hacrl_megatron.exchange.remote.store import ExchangeBackendError
-        from hacrl_megatron.trainer.peers import agent_index, check_exchange_config, open_exchange_store
+        from hacrl_megatron.trainer.peers import open_exchange_store
 
         agent_index(cfg, args.agent)
         check_exchange_config(cfg)

@@ -150,7 +150,7 @@ def _check_slurm_flags(args: argparse.Namespace) -> None:
 def _check_agent_flags(args: argparse.Namespace, cfg: Any) -> None:
     """ValueError for --agent / --per-agent-jobs that cannot work: an unknown agent, another job than train,
     a local exchange (the jobs could not meet), or both flags at once."""
-    from hacrl_megatron.trainer.peers import agent_index, check_exchange_config
+    from hacrl_megatron.config.agent_jobs import agent_index, check_exchange_config
 
     if args.agent and args.per_agent_jobs:
         raise ValueError("--agent and --per-agent-jobs: give one (--per-agent-jobs launches every agent's --agent job)")

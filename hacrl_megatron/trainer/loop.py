@@ -21,6 +21,7 @@ from hacrl_megatron.agents.ray_placement import TrainerNodeLost
 from hacrl_megatron.algo import Algorithm, CapabilityTracker, build_algorithm, positive_rate
 from hacrl_megatron.closing import close_all
 from hacrl_megatron.config import ExperimentConfig
+from hacrl_megatron.config.agent_jobs import agent_index, check_exchange_config
 from hacrl_megatron.data import PromptRecord, Task
 from hacrl_megatron.data.eval_sets import load_eval_benchmarks
 from hacrl_megatron.data.formats import dataset_options
@@ -42,7 +43,7 @@ from hacrl_megatron.trainer.evaluation import (
 )
 from hacrl_megatron.trainer.guards import guarded_step
 from hacrl_megatron.trainer.metrics import MetricsLogger
-from hacrl_megatron.trainer.peers import PeerAgent, PeerExchange, agent_index, check_exchange_config
+from hacrl_megatron.trainer.peers import PeerAgent, PeerExchange
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note

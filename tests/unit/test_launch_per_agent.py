@@ -88,16 +88,20 @@ def test_wrong_agent_options_are_one_line_and_exit_2(argv, message, capsys):
 
 def test_a_failed_job_stops_the_others(tmp_path):
     """The first job fails at once; the second (which would wait for its peer's records) is stopped."""
-    marker = tmp_path / "stopped"
+    marker, ready = tmp_path / "stopped", tmp_path / "ready"
     sleeper = (f"import signal, sys, time\n"
                f"def stop(*_):\n    open({str(marker)!r}, 'w').write('TERM')\n    sys.exit(143)\n"
-               f"signal.signal(signal.SIGTERM, stop)\ntime.sleep(120)\n")
+               f"signal.signal(signal.SIGTERM, stop)\nopen({str(ready)!r}, 'w').close()\ntime.sleep(120)\n")
+    # the failing job fails once the other one is up (its SIGTERM handler set), as a real peer would be
+    failing = (f"import os, sys, time\nwhile not os.path.exists({str(ready)!r}):\n    time.sleep(0.02)\n"
+               f"sys.exit(1)\n")
     started = time.monotonic()
-    code = run_agent_jobs([("a", ["-c", "import sys; sys.exit(1)"]), ("b", ["-c", sleeper])],
-                          command=[sys.executable], poll_s=0.05)
+    code = run_agent_jobs([("a", ["-c", failing]), ("b", ["-c", sleeper])], command=[sys.executable], poll_s=0.05)
     assert code == 1 and marker.read_text() == "TERM"
     assert time.monotonic() - started < 60
     # all succeed: 0; a bad argument (exit 2) wins over a failure
     assert run_agent_jobs([("a", ["-c", "pass"]), ("b", ["-c", "pass"])], command=[sys.executable], poll_s=0.05) == 0
-    assert run_agent_jobs([("a", ["-c", "import sys; sys.exit(2)"]), ("b", ["-c", "import sys; sys.exit(1)"])],
+    # a job refused at once (exit 2) makes the whole launch exit 2, the other stopped by it
+    assert run_agent_jobs([("a", ["-c", "import sys; sys.exit(2)"]),
+                           ("b", ["-c", "import sys, time; time.sleep(30); sys.exit(1)"])],
                           command=[sys.executable], poll_s=0.05) == 2
