@@ -4,8 +4,13 @@
 Node 0 starts the Ray head, waits until every node has joined, runs the command with
 ``RAY_ADDRESS`` pointing at the head (so :class:`~hacrl_megatron.agents.ray_agent.RayAgent`
 places each agent's ranks anywhere in the job), stops Ray and exits with the command's status.
-The other nodes join, then poll the head and exit 0 once it is gone: Slurm's ``--wait`` and
+The other nodes join, then poll the head and exit 0 once it is done: Slurm's ``--wait`` and
 ``--kill-on-bad-exit`` then see exactly the head's result, so a failed training run fails the job.
+When the command ends the head removes its address file (below) and waits up to a minute until the
+other nodes have left Ray; each of them stops its Ray node on seeing the file gone, while the head's
+GCS still answers, and only then does the head stop its own. (A Ray node that outlives the GCS waits
+out its timeouts: 30 s to drain, then a minute in each of its agents, which by then have left the
+job step's process tree.) A node that misses the file leaves once the head's port closes.
 Every node offers all of its GPUs to Ray (rollout engines are Ray actors like the trainers' ranks),
 except that a one-node job can keep the GPUs its ``rollout_gpu_ids`` reserve out of Ray's hands.
 
@@ -24,7 +29,7 @@ nodes read it; the head removes it at the end.
 
 This mirrors NeMo-Run's Ray-on-Slurm templates (``SlurmRay`` launcher, ``ray.sub.j2``) but needs no
 particular container layout and propagates the exit status (NeMo-Run's ``slurm_ray.sh.j2`` does
-not). Helpers run as ``python -m hacrl_megatron.launch.slurm_ray ip|wait``.
+not). Helpers run as ``python -m hacrl_megatron.launch.slurm_ray ip|wait|leave``.
 """
 
 from __future__ import annotations
@@ -74,10 +79,14 @@ RAY_PID=""
 stop_ray() { if [ -n "$RAY_PID" ]; then kill -TERM "$RAY_PID" 2>/dev/null; wait "$RAY_PID" 2>/dev/null; fi; }
 forget_token() { if [ -n "$WROTE_TOKEN" ]; then rm -f "$TOKEN_FILE"; fi; }
 head_up() { (exec 3<>"/dev/tcp/$HEAD_IP/$PORT") 2>/dev/null; }
-# the head's address, for the other nodes: written by the head before its port opens, removed at the end
+# the head's address, for the other nodes: written by the head before its port opens, removed at the
+# end, which tells the other nodes to leave
 HEAD_FILE="$JOB_DIR/ray_head.${SLURM_JOB_ID:-local}.${SLURM_RESTART_COUNT:-0}"
 WROTE_HEAD=""
+SAW_HEAD=""
 forget_head() { if [ -n "$WROTE_HEAD" ]; then rm -f "$HEAD_FILE"; fi; }
+# the head's command is done: its address file was seen and is gone now
+head_done() { if [ -e "$HEAD_FILE" ]; then SAW_HEAD=1; return 1; fi; [ -n "$SAW_HEAD" ]; }
 # this node's address as Slurm knows it ($HACRL_RAY_NODE_IP, else __ADDRESS_SOURCE__);
 # one line naming the node and exit 1 when there is none
 node_ip() { "$PY" -m hacrl_megatron.launch.slurm_ray ip __IP_ARGS__; }
@@ -113,7 +122,8 @@ __HELPERS__if [ "$NODEID" = "0" ]; then
   rc=$?
   echo "[hacrl] command exited with status $rc; stopping Ray"
   forget_token
-  forget_head
+  forget_head  # the other nodes leave now, while this node's GCS still answers their drain
+  if [ "$NNODES" -gt 1 ]; then "$PY" -m hacrl_megatron.launch.slurm_ray leave --address "$RAY_ADDRESS" --timeout 60; fi
   stop_ray
   exit $rc
 else
@@ -127,6 +137,7 @@ else
       sleep 2
     done
     HEAD_IP=$(cat "$HEAD_FILE") || exit 1
+    SAW_HEAD=1
   fi
   export RAY_ADDRESS="$HEAD_IP:$PORT"
   until head_up; do
@@ -144,17 +155,18 @@ else
   trap 'stop_ray; exit 0' TERM
   # Ray's startup has fixed limits (its raylet waits 15 s for the dashboard agent, `ray start` 30 s for
   # the raylet to register) that a busy node can miss: a Ray that ends while the head is up is started
-  # again, three starts in all. Leave as soon as the head is gone (before srun --wait=60 kills this task).
+  # again, three starts in all. Leave as soon as the head is done: its address file gone (the head waits
+  # for this node to leave Ray) or its port closed (before srun --wait=60 kills this task).
   for attempt in 1 2 3; do
     "${RAY[@]}" start --block --address="$RAY_ADDRESS" --node-ip-address="$NODE_IP" "${RAY_ARGS[@]}" &
     RAY_PID=$!
-    while kill -0 "$RAY_PID" 2>/dev/null && head_up; do sleep 5; done
-    head_up || break
+    while kill -0 "$RAY_PID" 2>/dev/null && head_up && ! head_done; do sleep 2; done
+    if head_done || ! head_up; then break; fi
     wait "$RAY_PID"
     RAY_PID=""
     echo "[hacrl] Ray on ${SLURMD_NODENAME:-$(hostname)} exited while the head is up (start $attempt of 3)" >&2
   done
-  if head_up; then exit 1; fi
+  if head_up && ! head_done; then exit 1; fi
   stop_ray
   exit 0
 fi
@@ -263,6 +275,27 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
         ray.shutdown()
 
 
+def wait_for_others_to_leave(address: str, timeout_s: float, poll_s: float = 1.0) -> int:
+    """Block until the calling head's node is the only Ray node alive at ``address``, at most
+    ``timeout_s`` seconds; return how many other nodes are still alive then (0: all left).
+    Raises ConnectionError when nothing listens at ``address`` (the head's Ray is gone)."""
+    host, _, port = address.rpartition(":")
+    if not _port_open(host, int(port)):  # ray.init would wait out its own timeouts
+        raise ConnectionError(f"no Ray head listening at {address}")
+    import ray  # not require_ray: no torch import while the job winds down
+
+    ray.init(address=address, log_to_driver=False)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            others = sum(1 for n in ray.nodes() if n.get("Alive", False)) - 1
+            if others <= 0 or time.monotonic() >= deadline:
+                return max(others, 0)
+            time.sleep(poll_s)
+    finally:
+        ray.shutdown()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m hacrl_megatron.launch.slurm_ray")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -274,6 +307,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--address", required=True)
     w.add_argument("--nodes", type=int, required=True)
     w.add_argument("--timeout", type=float, default=600.0)
+    lv = sub.add_parser("leave", help="on the head: wait until the other Ray nodes have left (never fails)")
+    lv.add_argument("--address", required=True)
+    lv.add_argument("--timeout", type=float, default=60.0)
     args = parser.parse_args(argv)
     if args.cmd == "ip":
         try:
@@ -281,6 +317,17 @@ def main(argv: list[str] | None = None) -> int:
         except NodeAddressError as err:
             print(f"[hacrl] {err}", file=sys.stderr)
             return 1
+        return 0
+    if args.cmd == "leave":  # best effort: the job's status is the command's, whatever happens here
+        try:
+            left = wait_for_others_to_leave(args.address, args.timeout)
+        except Exception as err:  # noqa: BLE001 - any failure: the head stops its Ray anyway
+            print(f"[hacrl] could not wait for the other Ray nodes to leave ({type(err).__name__}: {err})",
+                  file=sys.stderr)
+            return 0
+        if left:
+            print(f"[hacrl] {left} other Ray node(s) still up after {args.timeout:g} s; stopping the head anyway",
+                  file=sys.stderr)
         return 0
     try:
         alive = wait_for_nodes(args.address, args.nodes, args.timeout)
