@@ -24,12 +24,14 @@ all daemons as root, every file under one folder):
 Jobs see ``SLURM_CONF``; clients run with ``env SLURM_CONF=<dir>/etc/slurm.conf`` (:meth:`SlurmBed.env`).
 :meth:`SlurmBed.stop` cancels every job, stops every daemon it started and kills any process left
 that still belongs to the bed (a task's environment names its ``SLURM_CONF``, a step daemon holds
-files in the bed's folder); :meth:`SlurmBed.leftovers` lists them.
+files in the bed's folder, a Ray process holds files in its node's Ray folder);
+:meth:`SlurmBed.leftovers` lists them.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import signal
@@ -327,8 +329,10 @@ StorageLoc=slurm_acct_db
     def leftovers(self) -> list[int]:
         """PIDs of processes that belong to the bed but are not one of its daemons: tasks (their
         environment names this bed's SLURM_CONF), step daemons (files open in the bed's folder) and
-        Ray processes of its nodes (their command line names the node's Ray folder). A daemon's own
-        children (slurmctld's slurmscriptd) are the daemon's."""
+        Ray processes of its nodes (their command line names the node's Ray folder, or they hold
+        files in it: a Ray agent or worker that set its process title (``ray::RuntimeEnvAgent``)
+        may have overwritten what /proc shows of its command line and environment, but its log
+        files stay open). A daemon's own children (slurmctld's slurmscriptd) are the daemon's."""
         ours = {p.pid for p in self.procs.values() if p.poll() is None}
         conf = f"SLURM_CONF={self.conf}".encode()
         temps = [str(t).encode() for t in self.ray_temp_dirs]
@@ -336,9 +340,22 @@ StorageLoc=slurm_acct_db
         for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
             if pid == os.getpid() or _descends_from(pid, ours):  # a daemon or its helper (slurmscriptd)
                 continue
-            if _environ_has(pid, conf) or _holds_files_under(pid, self.root) or _cmdline_has(pid, temps):
+            if (_environ_has(pid, conf) or _holds_files_under(pid, self.root) or _cmdline_has(pid, temps)
+                    or any(_holds_files_under(pid, t) for t in self.ray_temp_dirs)):
                 found.append(pid)
         return found
+
+    def node_of(self, pid: int) -> str | None:
+        """The node (n1, n2) a process of the bed runs on: ``SLURMD_NODENAME`` of its environment,
+        else the node whose Ray folder it holds files in (a Ray process that set its title may show
+        no environment); None when neither says."""
+        name = _environ_value(pid, b"SLURMD_NODENAME")
+        if name:
+            return name
+        for node, temp in zip(NODES, self.ray_temp_dirs):
+            if _holds_files_under(pid, temp):
+                return node
+        return None
 
     def stop(self, timeout_s: float = 60.0) -> list[int]:
         """Cancel every job, stop the daemons (slurmd first, MariaDB last), kill what is left of the
@@ -351,7 +368,7 @@ StorageLoc=slurm_acct_db
                 _terminate(self.procs[name], timeout_s / 4)
         killed = self.leftovers()
         for pid in killed:
-            with _quiet():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, signal.SIGKILL)
         for folder in self.ray_temp_dirs:  # Ray's logs of the jobs (each job's own log stays in its job folder)
             shutil.rmtree(folder, ignore_errors=True)
@@ -374,14 +391,6 @@ StorageLoc=slurm_acct_db
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-class _quiet:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, *_: object) -> bool:
-        return kind is not None and issubclass(kind, (ProcessLookupError, PermissionError))
 
 
 def _terminate(p: subprocess.Popen, timeout_s: float) -> None:
@@ -409,6 +418,17 @@ def _environ_has(pid: int, entry: bytes) -> bool:
             return entry in f.read().split(b"\0")
     except OSError:
         return False
+
+
+def _environ_value(pid: int, key: bytes) -> str | None:
+    """The value of ``key`` in the process's environment as /proc shows it (None: not there)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            entries = f.read().split(b"\0")
+    except OSError:
+        return None
+    prefix = key + b"="
+    return next((e[len(prefix):].decode(errors="replace") for e in entries if e.startswith(prefix)), None)
 
 
 def _descends_from(pid: int, ancestors: set[int]) -> bool:

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint
+from tests.slurm.conftest import describe
 from tests.slurm.test_slurm_bed import sacct_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -55,9 +56,9 @@ class Watch(threading.Thread):
             p = psutil.Process(pid)
             conns = p.net_connections(kind="inet")
             cmd = p.cmdline()
-            node = p.environ().get("SLURMD_NODENAME", "?")
         except (psutil.Error, OSError):
             return
+        node = self.bed.node_of(pid) or "?"  # Ray's titled processes may show no environment
         name = os.path.basename(cmd[0]) if cmd else "?"
         for c in conns:
             if c.status == psutil.CONN_LISTEN:
@@ -148,6 +149,16 @@ def wait_for(what: str, ready, timeout_s: float, poll_s: float = 3.0) -> None:
         time.sleep(poll_s)
 
 
+def assert_nothing_outlives_the_job(bed) -> None:
+    """A completed job leaves no process: the other nodes stop their Ray before the head's GCS
+    goes (slurm_ray.py); one stopped after it waits out Ray's timeouts (30 s to drain, a minute in
+    each agent), the agents outside the job step where Slurm's linuxproc tracking cannot end them."""
+    deadline = time.monotonic() + 15
+    while (left := bed.leftovers()) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert not left, f"processes of the finished job still running: {describe(left)}"
+
+
 @pytest.mark.timeout(2400)
 def test_cpu_demo_trains_across_two_slurm_nodes(bed, tmp_path):
     with Watch(bed) as watch:
@@ -156,6 +167,7 @@ def test_cpu_demo_trains_across_two_slurm_nodes(bed, tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs[-6000:]
     assert "demo SUCCEEDED" in out.stdout
     assert sacct_state(bed, job_id(bed, "demo")) == "COMPLETED"
+    assert_nothing_outlives_the_job(bed)
     run = tmp_path / "run"
     assert metrics_steps(run)[-3:] == [1, 2, 3]
     for agent in ("llama", "qwen3"):
@@ -176,6 +188,7 @@ def test_megatron_ranks_on_both_slurm_nodes(bed, tmp_path):
     logs = job_logs(tmp_path)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs[-6000:]
     assert sacct_state(bed, job_id(bed, "dp2")) == "COMPLETED"
+    assert_nothing_outlives_the_job(bed)
     assert metrics_steps(tmp_path / "run")[-2:] == [1, 2]
     # the agent's rank actors, one per Slurm node (Ray's own dashboard and runtime-env agents aside)
     ranks = [where for actor, where in watch.actor_nodes.items() if actor.startswith("ray::RankWorker")]
