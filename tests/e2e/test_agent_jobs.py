@@ -82,9 +82,11 @@ def assert_same_as_one_process(jobs: dict[str, Path], joint: Path) -> None:
 def test_separate_jobs_through_a_shared_folder_equal_the_one_process_run(one_process, tmp_path):
     exchange = ["exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}", "exchange.wait_s=300"]
     assert_same_as_one_process(run_jobs(tmp_path, exchange), one_process)
-    # one human-readable record per (step, agent), pruned to the last exchange.keep_steps (8) steps
+    # one human-readable record per (step, agent) (kept: fewer steps than exchange.keep_steps, 8), and each
+    # job's claim of its agent
     records = sorted(p.name for p in (tmp_path / "exchange" / "cpu_demo").iterdir())
-    assert records == [f"step-{s:08d}.{a}.json" for s in range(STEPS) for a in AGENTS]
+    assert records == sorted([f"step-{s:08d}.{a}.json" for s in range(STEPS) for a in AGENTS]
+                             + [f"claim.{a}" for a in AGENTS])
     first = json.loads((tmp_path / "exchange" / "cpu_demo" / "step-00000000.qwen3.json").read_text())
     assert first["agent"] == "qwen3" and len(first["responses"]) == 16 and len(first["responses"][0]) == 8
 

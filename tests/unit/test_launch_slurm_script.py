@@ -94,8 +94,11 @@ def test_token_file_steps_in_the_script():
     # the head writes it (umask 077: mode 0600) and renames it into place before its port opens
     write = head.index('umask 077 && printf')
     assert write < head.index("start --head") and 'mv -f "$TOKEN_FILE.tmp" "$TOKEN_FILE"' in head
-    # the files go before Ray stops (a scancel's KillWait may end the script while Ray drains)
-    assert "forget_token\n  forget_head\n  stop_ray\n  exit $rc" in head
+    # the files go before Ray stops (a scancel's KillWait may end the script while Ray drains); the other
+    # nodes leave (seeing the address file gone) before the head's Ray stops
+    end = head[head.index("command exited with status $rc"):]
+    assert end.index("forget_token") < end.index("forget_head") < end.index("slurm_ray leave") \
+        < end.index("stop_ray\n  exit $rc")
     assert "trap 'forget_token; forget_head; stop_ray; exit 143' TERM" in head
     # the head's address file: written after the token and before the port opens, read by the workers
     assert write < head.index('mv -f "$HEAD_FILE.tmp" "$HEAD_FILE"') < head.index("start --head")
