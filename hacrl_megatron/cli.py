@@ -173,7 +173,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     try:
         from hacrl_megatron.trainer.loop import train
 
-        train(cfg, agent=args.agent)
+        train(cfg) if args.agent is None else train(cfg, agent=args.agent)
     except KeyboardInterrupt:  # Ctrl-C: one line saying where to continue from, exit 130 (128 + SIGINT)
         print(f"hacrl: interrupted; {resume_note(cfg)}", file=sys.stderr)
         return 130

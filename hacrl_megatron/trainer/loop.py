@@ -420,7 +420,7 @@ def train(exp: ExperimentConfig, agent: str | None = None) -> Run:
 
 
 def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) -> Run:
-    run = setup(exp, agent)
+    run = setup(exp) if agent is None else setup(exp, agent)  # the one-process call as it always was
     exp = run.exp
     if run.peers is not None:
         try:
