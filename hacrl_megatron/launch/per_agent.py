@@ -4,7 +4,8 @@ rollout exchange (``hacrl train --agent NAME``, docs/exchange.md).
 Each agent's job is the ``hacrl launch --agent NAME`` of the same arguments, with the agent's own
 experiment name (``<name>-<agent>``), output folder (``<output_dir>/<agent>``, ``checkpoint.dir``
 likewise when set) and, on Slurm with ``--gpus-per-node``, the fewest nodes (at most ``--nodes``) its
-trainer and engines fit on alone (:func:`~hacrl_megatron.launch.placement.fewest_nodes`). The jobs are
+trainer and engines fit on alone (:func:`~hacrl_megatron.launch.placement.fewest_nodes`), its Ray head
+on ``--ray-port`` + its index (two jobs placed on one node do not clash). The jobs are
 launched at once, as child processes of this one, and waited for; when one fails, the others are
 stopped (their peers would wait for it) and the exit status is the worst of them.
 """
@@ -58,15 +59,17 @@ def agent_jobs(args: argparse.Namespace, cfg: ExperimentConfig) -> list[tuple[st
     from hacrl_megatron.launch.placement import fewest_nodes, job_config
 
     jobs = []
-    for agent in cfg.agents:
+    for index, agent in enumerate(cfg.agents):
         nodes = args.nodes
         if args.executor == "slurm" and args.gpus_per_node:
             nodes = fewest_nodes(job_config(cfg, agent.name), args.nodes, args.gpus_per_node)
         folders = [f"output_dir={cfg.output_dir.rstrip('/')}/{agent.name}"]
         if cfg.checkpoint.dir:
             folders.append(f"checkpoint.dir={cfg.checkpoint.dir.rstrip('/')}/{agent.name}")
+        # each job's Ray head on its own port: two jobs the scheduler puts on one node must not clash
         jobs.append((agent.name, [*launch_argv(args), "--name", f"{args.name}-{agent.name}", "--nodes", str(nodes),
-                                  "--agent", agent.name, *args.overrides, *folders]))
+                                  "--ray-port", str(args.ray_port + index), "--agent", agent.name, *args.overrides,
+                                  *folders]))
     return jobs
 
 

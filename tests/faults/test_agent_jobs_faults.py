@@ -164,6 +164,7 @@ def test_a_peer_killed_mid_run_resumes_and_rejoins_while_the_other_trains_alone(
     assert all(r["qwen3/exchange/peers_missing"] == 0.0 for r in back[:steps - 1]), back
 
 
+@pytest.mark.slow
 def test_a_second_job_of_the_same_agent_takes_it_over_and_the_first_stops(tmp_path):
     """Two jobs train agent llama in one exchange (e.g. a restart elsewhere while the first still runs): the
     later one claims the agent and the earlier one stops at its next publish (exit 2, naming both), so the
@@ -186,6 +187,7 @@ def test_a_second_job_of_the_same_agent_takes_it_over_and_the_first_stops(tmp_pa
     assert "this job stops so that one job only trains and publishes the agent" in last
 
 
+@pytest.mark.slow
 def test_an_exchange_folder_lost_mid_run_stops_the_job_with_one_line_and_it_resumes(tmp_path):
     """The shared folder disappears under a running job (an unmounted filesystem): exit 1, one line naming the
     folder and the last checkpoint; with the folder back, the job resumes from that checkpoint."""

@@ -244,3 +244,25 @@ def test_requeued_job_resumes_from_its_last_checkpoint(bed, tmp_path):
     steps_seen = metrics_steps(run)
     assert steps_seen[-1] == steps and len(steps_seen) < 2 * steps  # continued, not restarted from 0
     assert (run / "final" / "llama" / "config.json").exists()
+
+
+@pytest.mark.timeout(2400)
+def test_per_agent_jobs_train_as_two_slurm_jobs_meeting_through_a_shared_folder(bed, tmp_path):
+    """`hacrl launch --per-agent-jobs`: one Slurm job per agent, each on one node, at once; the jobs meet
+    only through the exchange folder (the bed's nodes share this machine's filesystem, as a cluster's
+    share NFS or Lustre) and each trains its agent with the other's responses."""
+    out = launch(bed, tmp_path, "sep", "--nodes", "1", "--per-agent-jobs",
+                 overrides=["train.steps=2", "exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}",
+                            "exchange.wait_s=900"])
+    logs = job_logs(tmp_path)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:] + logs[-6000:]
+    for agent in ("llama", "qwen3"):
+        assert f"sep-{agent} SUCCEEDED" in out.stdout
+        assert f"hacrl launch: agent '{agent}': exit 0" in out.stderr
+        assert sacct_state(bed, job_id(bed, f"sep-{agent}")) == "COMPLETED"
+        run = tmp_path / "run" / agent
+        rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
+        assert [r[f"{agent}/exchange/peers_missing"] for r in rows if "step" in r and r["step"] > 0] == [0.0, 0.0]
+        other = "qwen3" if agent == "llama" else "llama"
+        assert (run / "final" / agent / "config.json").exists() and not (run / "final" / other).exists()
+    assert_nothing_outlives_the_job(bed)

@@ -36,6 +36,7 @@ def test_launch_argv_gives_the_same_options_back():
             "--ray-wait-timeout", "60", "--name", "n", "--nodes", "3", "--per-agent-jobs", "train.steps=2"]
     args = parse(argv)
     again = parse([*launch_argv(args), "--name", "n", "--nodes", "3", "--per-agent-jobs", "train.steps=2"])
+    assert "--ray-port" in launch_argv(args)  # a job's own --ray-port (agent_jobs) comes after it and wins
     assert vars(again) == vars(args)
 
 
@@ -50,6 +51,7 @@ def test_each_job_trains_its_agent_in_its_own_folder_on_the_fewest_nodes():
         assert back.agent == agent and back.name == f"sep-{agent}" and not back.per_agent_jobs
         assert back.overrides == [*EXCHANGE, f"output_dir={cfg.output_dir}/{agent}"]
         assert back.nodes == 1  # each agent's trainer and engine fit one 8-GPU node alone (the pair needs 4)
+        assert back.ray_port == 6379 + [a.name for a in cfg.agents].index(agent)  # heads that share a node
     # CPU nodes (no --gpus-per-node): every job gets --nodes
     args = parse(["--executor", "slurm", "--account", "acc", "--nodes", "2", "--per-agent-jobs", *EXCHANGE,
                   "checkpoint.dir=/ckpt"])
