@@ -44,15 +44,26 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _survivors(temp: str) -> list[int]:
-    """PIDs whose command line mentions ``temp`` (Ray processes of that node)."""
+    """PIDs of that node's Ray processes: their command line mentions ``temp``, or they hold a file under it
+    (a Ray agent that sets its process title can overwrite what /proc shows of its command line; its open
+    log files still name the node's folder)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 if temp.encode() in f.read():
                     pids.append(int(pid))
+                    continue
+            fds = os.listdir(f"/proc/{pid}/fd")
         except OSError:
             continue
+        for fd in fds:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{fd}").startswith(temp):
+                    pids.append(int(pid))
+                    break
+            except OSError:
+                continue
     return pids
 
 
