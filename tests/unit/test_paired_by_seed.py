@@ -49,3 +49,26 @@ def test_paired_differences_and_standard_errors(tmp_path, capsys):
 def test_missing_compare_json_is_named(tmp_path):
     with pytest.raises(SystemExit, match="compare.json: missing"):
         tool.main([str(tmp_path)])
+
+
+def test_include_paired_fills_seeds_whose_run_folders_are_gone(tmp_path):
+    import shutil
+
+    full, part = tmp_path / "full", tmp_path / "part"
+    make_compare(full)
+    earlier = tool.main([str(full), "--json", str(tmp_path / "all.json")])
+    make_compare(part)
+    for method in ("hacpo", "gspo_x2"):  # seed 1 ran in another session: only its paired numbers remain
+        shutil.rmtree(part / f"{method}-seed1")
+    (tmp_path / "seed1.json").write_text(json.dumps(
+        {"weak": {"gspo_x2": {m: tool.summary([1], [v["diffs"][0]]) for m, v in earlier["weak"]["gspo_x2"].items()}}}))
+    with pytest.raises(SystemExit, match="seed 1 is in compare.json but its run folders are gone"):
+        tool.main([str(part)])
+    merged = tool.main([str(part), "--include-paired", str(tmp_path / "seed1.json")])
+    assert merged == earlier  # same seeds, differences, means, standard errors and counts
+    # a seed held by both must agree
+    bad = json.loads((tmp_path / "seed1.json").read_text())
+    bad["weak"]["gspo_x2"]["final"] = tool.summary([1, 2], [0.2, 0.5])
+    (tmp_path / "bad.json").write_text(json.dumps(bad))
+    with pytest.raises(SystemExit, match="weak gspo_x2 final seed 2"):
+        tool.main([str(part), "--include-paired", str(tmp_path / "bad.json")])
