@@ -148,12 +148,13 @@ def _build_runtimes(exp: ExperimentConfig, total_updates: int, only: int | None 
     runtimes: list[AgentRuntime] = []
     try:
         with StartTogether():  # every agent's engine servers come up at once, while the next agent is built
-            if only is not None:  # a job of one agent: its nodes, GPUs and cores are laid out for it alone (its
-                # own allocation); its seeds stay those of its index in the shared config
+            if only is None:
+                for i in range(len(exp.agents)):
+                    runtimes.append(build_runtime(exp, i, total_updates))
+            else:  # a job of one agent: its nodes, GPUs and cores are laid out for it alone (its own
+                # allocation); its seeds stay those of its index in the shared config
                 job = dataclasses.replace(exp, agents=[exp.agents[only]])
                 runtimes.append(build_runtime(job, only, total_updates, agent_cfg=exp.agents[only]))
-            for i in range(len(exp.agents)) if only is None else []:
-                runtimes.append(build_runtime(exp, i, total_updates))
     except BaseException as err:
         close_all([rt.close for rt in reversed(runtimes)], primary=err)
         raise
