@@ -32,9 +32,13 @@ install() {
 
 test_real_server() {
     local t0=$SECONDS
-    # one server at a time: the conformance module's server stops before the end-to-end runs start theirs
+    # one server at a time: the conformance module's server stops before the end-to-end runs start theirs.
+    # The end-to-end run with `disk` sync is left to a run by hand (`pytest -m sglang tests/e2e/test_rollout_sglang.py`):
+    # the conformance suite already pushes disk updates to this real server and checks log-probs after them,
+    # and the run would add ~5 minutes to CI; `distributed`, the default `auto` resolves to, runs here.
     HACRL_REQUIRE_SGLANG=1 HACRL_SGLANG_PYTHON="$PWD/$SGLANG_VENV/bin/python" \
-        python -m pytest -m sglang -q -s -p no:cacheprovider tests/conformance tests/e2e/test_rollout_sglang.py
+        python -m pytest -m sglang -q -s -p no:cacheprovider tests/conformance tests/e2e/test_rollout_sglang.py \
+        -k "not (runs_three_steps and disk)"
     echo "SGLang real-server tests: $((SECONDS - t0)) s"
 }
 

@@ -24,8 +24,8 @@ import torch
 from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.rollout import HFEngine
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine
-from tests.fixtures.fake_sglang_server import StandIn
 from tests.fixtures.sglang_env import sglang_python_or_skip
+from tests.fixtures.sglang_standin import StandIn
 from tests.fixtures.vllm_env import vllm_python_or_skip, write_tiny_llama
 
 API_KEY = "conformance-" + "k" * 20

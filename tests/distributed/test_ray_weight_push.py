@@ -41,7 +41,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     tiny_hf_config,
     train_config,
 )
-from tests.fixtures.fake_sglang_server import StandIn  # noqa: E402
+from tests.fixtures.sglang_standin import StandIn  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow,
               pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]

@@ -29,7 +29,7 @@ from tests.distributed.megatron_helpers import (  # noqa: E402
     tiny_hf_config,
     train_config,
 )
-from tests.fixtures.fake_sglang_server import StandIn  # noqa: E402
+from tests.fixtures.sglang_standin import StandIn  # noqa: E402
 
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning", "ignore::DeprecationWarning")]
 BUCKET_BYTES = 6000  # tiny, so that a 2-layer model needs many buckets (a few tensors each)

@@ -12,7 +12,7 @@ from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.rollout import EngineError, EnginePool, HFEngine, SamplingParams, SGLangEngine
 from hacrl_megatron.sync.disk import DiskTransport
 from hacrl_megatron.sync.distributed import DistributedTransport
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
 
 torch.set_num_threads(1)

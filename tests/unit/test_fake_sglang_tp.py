@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from hacrl_megatron.rollout import EnginePool, HFEngine, SGLangEngine
 from hacrl_megatron.sync.distributed import DistributedTransport
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.unit.test_rollout_hf import tiny_llama
 from tests.unit.test_sync_transports import GREEDY, prompts, tok  # noqa: F401  (the module's tokenizer fixture)
 

@@ -9,7 +9,7 @@ import pytest
 from hacrl_megatron.rollout import EnginePool, HFEngine, SGLangEngine
 from hacrl_megatron.rollout.protocol import EngineNodeLost
 from hacrl_megatron.sync.disk import DiskTransport
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.unit.test_engine_pool import GREEDY, prompts, tok  # noqa: F401  (the module's tokenizer fixture)
 from tests.unit.test_rollout_hf import tiny_llama
 

@@ -15,7 +15,7 @@ import torch
 from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.rollout import HFEngine, SamplingParams, SGLangEngine, SGLangError
 from hacrl_megatron.rollout.sglang_engine import sample_seeds
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.fixtures.sglang_validator import VERSIONS
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
 

@@ -21,7 +21,7 @@ from hacrl_megatron.agents.ray_worker import PushOutcome, RankWorker
 from hacrl_megatron.exchange import load_tokenizer
 from hacrl_megatron.rollout import EnginePool, EngineUnreachable, HFEngine, SamplingParams, SGLangEngine
 from hacrl_megatron.sync.distributed import DistributedTransport, RankSource, push_from_rank
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
 
 torch.set_num_threads(1)

@@ -18,7 +18,7 @@ from hacrl_megatron.sync.disk import DiskTransport
 from hacrl_megatron.sync.distributed import DistributedTransport
 from hacrl_megatron.sync.tensor import TensorTransport
 from hacrl_megatron.sync.weight_group import flatten_bucket, unflatten_bucket
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.fixtures.sglang_validator import VERSIONS
 from tests.unit.test_rollout_hf import QUESTIONS, tiny_llama
 

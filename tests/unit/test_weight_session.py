@@ -23,7 +23,7 @@ from hacrl_megatron.rollout.protocol import EngineError
 from hacrl_megatron.rollout.sglang_engine import SGLangError, release_tuple
 from hacrl_megatron.sync.distributed import DistributedTransport
 from hacrl_megatron.sync.tensor import TensorTransport
-from tests.fixtures.fake_sglang_server import StandIn
+from tests.fixtures.sglang_standin import StandIn
 from tests.unit.test_rollout_hf import tiny_llama
 from tests.unit.test_sync_transports import make_pool, prompts, tok  # noqa: F401  (tok: a fixture)
 
