@@ -126,7 +126,8 @@ def warm_up_agent(exp: ExperimentConfig, index: int, out_dir: Path, verifier: Ve
 def warm_up_run(exp: ExperimentConfig, snapshots: list[tuple[int, Path]], verifier: VerifierPool) -> dict[str, dict]:
     """One SFT run of the lead agent of ``snapshots`` (agent indices sharing one :func:`lead_index`), saving
     each agent's snapshot to its folder at the first check where greedy accuracy reaches its
-    ``warmup_sft_target`` (or at its ``warmup_sft_max_steps``). Returns agent name → warmup.json contents."""
+    ``warmup_sft_target`` (or at its ``warmup_sft_max_steps``) and no other snapshot is taken (:func:`_due`).
+    Returns agent name → warmup.json contents."""
     lead = exp.agents[lead_index(exp, snapshots[0][0])]
     sft_agent = dataclasses.replace(lead, lr=lead.warmup_sft_lr, init_checkpoint=None)
     sft_exp = dataclasses.replace(exp, train=dataclasses.replace(exp.train, lr_schedule="constant", lr_warmup_steps=0))
@@ -157,8 +158,7 @@ def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[Agen
         accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
         logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f (targets %s)", rt.name, step,
                     metrics["nll_per_token"], accuracy, [a.warmup_sft_target for a, _ in pending])
-        for agent, out_dir in [s for s in pending if accuracy >= s[0].warmup_sft_target
-                               or step >= s[0].warmup_sft_max_steps]:
+        for agent, out_dir in _due(pending, accuracy, step):
             out[agent.name] = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy,
                                "seconds": time.time() - start}
             if agent.warmup_sft_from is not None:
@@ -166,6 +166,16 @@ def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[Agen
             _save_snapshot(rt, out_dir, out[agent.name])
             pending.remove((agent, out_dir))
     return out
+
+
+def _due(pending: list[tuple[AgentConfig, Path]], accuracy: float, step: int) -> list[tuple[AgentConfig, Path]]:
+    """The snapshots to save at this check: every one at its ``warmup_sft_max_steps``, and the pending one
+    of lowest target that ``accuracy`` reaches. One check that jumps past two targets (0.53 → 0.76 past
+    0.60 and 0.75) saves only the lower one; the higher waits for a later check that still reaches it,
+    so two snapshots of one run are never the same weights (``pending`` is sorted by target)."""
+    forced = [s for s in pending if step >= s[0].warmup_sft_max_steps]
+    reached = [s for s in pending if accuracy >= s[0].warmup_sft_target and s not in forced]
+    return forced + reached[:1]
 
 
 def _save_snapshot(rt: AgentRuntime, out_dir: Path, info: dict[str, Any]) -> None:

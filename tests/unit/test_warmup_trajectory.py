@@ -72,6 +72,21 @@ def test_both_snapshots_at_one_check_and_max_steps(tmp_path, monkeypatch):
     assert infos["weak"]["steps"] == 8 and infos["weak"]["greedy_accuracy"] == 0.95
 
 
+def test_one_check_past_both_targets_saves_the_lower_and_the_higher_at_a_later_check(tmp_path, monkeypatch):
+    # a check jumping from 0.53 past both 0.60 and 0.75 (seen with one seed of cpu_state) must not make the
+    # weak and strong snapshots the same weights; strong waits for the next check still at its target
+    exp = tiny_state(tmp_path)
+    calls = scripted_accuracy(monkeypatch, [0.53, 0.76, 0.74, 0.77])
+    out = {0: tmp_path / "weak", 1: tmp_path / "strong"}
+    with VerifierPool(num_workers=0) as verifier:
+        infos = pretrain.warm_up_run(exp, list(out.items()), verifier)
+    assert len(calls) == 4
+    assert (infos["weak"]["steps"], infos["weak"]["greedy_accuracy"]) == (4, 0.76)
+    assert (infos["strong"]["steps"], infos["strong"]["greedy_accuracy"]) == (8, 0.77)
+    weak, strong = weights(out[0]), weights(out[1])
+    assert any(not (weak[k] == strong[k]).all() for k in weak)
+
+
 def test_keys_cache_and_one_run_for_both(tmp_path, monkeypatch):
     monkeypatch.setenv("HACRL_CACHE", str(tmp_path / "cache"))
     exp = tiny_state(tmp_path)
