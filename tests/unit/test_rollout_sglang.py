@@ -130,20 +130,21 @@ def test_stand_in_rejects_unknown_and_mistyped_fields(tok, version):
         server.stop()
 
 
-def test_an_exception_inside_a_route_is_an_http_500_naming_it_and_the_server_serves_on(tok, capfd):
+def test_an_exception_inside_a_route_is_an_http_500_naming_it_and_the_server_serves_on(tok, capfd, monkeypatch):
     # as SGLang's FastAPI app: a route that raises answers 500 (the engine pool's fault path), never a dropped
     # connection (which the pool reports as a reset of a live server)
+    def broken(*args, **kwargs):
+        raise RuntimeError("backend broke")
+
     server = start(tok)
     try:
         eng = SGLangEngine(server.base_url, eos_token_id=tok.eos_token_id, tokenizer=tok, timeout=10)
         greedy = SamplingParams(temperature=0, max_new_tokens=4)
-        backend = server.handler.state.backend
-        real = backend.generate
-        backend.generate = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("backend broke"))
+        monkeypatch.setattr(server.handler.state.backend, "generate", broken)
         with pytest.raises(SGLangError, match=r"HTTP 500: .*stand-in internal error: RuntimeError: backend broke"):
             eng.generate(prompts(tok), greedy)
         assert "RuntimeError: backend broke" in capfd.readouterr().err  # the traceback, for the test's report
-        backend.generate = real
+        monkeypatch.undo()
         assert eng.generate(prompts(tok), greedy) == HFEngine(tiny_llama(len(tok)), tok).generate(prompts(tok), greedy)
     finally:
         server.stop()
