@@ -290,8 +290,8 @@ def execute(tasks: list[Task], jobs: int) -> None:
                 if future.cancelled():
                     continue
                 err = future.exception()
-                status = "done" if err is None else f"FAILED ({type(err).__name__}: {err})"
-                print(f"[compare] {task.label}: {status} in {time.time() - t0:.0f} s", flush=True)
+                status = f"done in {future.result():.0f} s" if err is None else f"FAILED ({type(err).__name__}: {err})"
+                print(f"[compare] {task.label}: {status} ({time.time() - t0:.0f} s after it was queued)", flush=True)
                 if err is not None:
                     failed.append(task)
                     for other in running:  # nothing new starts after a failure
@@ -305,7 +305,7 @@ def execute(tasks: list[Task], jobs: int) -> None:
 
 
 def _submit(pool: ProcessPoolExecutor, task: Task) -> Future:
-    print(f"[compare] started {task.label} (log {task.log})", flush=True)
+    print(f"[compare] queued {task.label} (log {task.log})", flush=True)
     return pool.submit(_run_in_child, task)
 
 
@@ -314,8 +314,11 @@ def _single_threaded() -> None:
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
 
 
-def _run_in_child(task: Task) -> None:
-    """A pool process's whole output (Python and native) goes to the task's log."""
+def _run_in_child(task: Task) -> float:
+    """Run ``task`` in a pool process; its whole output (Python and native) goes to the task's log. The
+    ``started`` line goes to the parent's output (inherited) before that. Returns the run's wall seconds."""
+    print(f"[compare] started {task.label}", flush=True)
+    t0 = time.time()
     with open(task.log, "w") as fh:
         os.dup2(fh.fileno(), 1)
         os.dup2(fh.fileno(), 2)
@@ -327,6 +330,7 @@ def _run_in_child(task: Task) -> None:
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+    return time.time() - t0
 
 
 def _run_logged(task: Task) -> None:

@@ -3,6 +3,7 @@ warm-up checkpoints across methods, resumability and input errors."""
 
 import importlib
 import json
+import re
 import shutil
 import time
 from dataclasses import asdict
@@ -164,9 +165,15 @@ def test_mean_std_is_unbiased():
 
 
 @pytest.mark.slow
-def test_parallel_child_processes_give_the_same_table_as_in_process(tiny_compare, tmp_path):
+def test_parallel_child_processes_give_the_same_table_as_in_process(tiny_compare, tmp_path, capfd):
     out, summary, _ = tiny_compare
+    capfd.readouterr()
     parallel = cmp.main(["--seeds", "0", "--out", str(tmp_path / "par"), "--jobs", "2", "--set", *TINY])
+    printed = capfd.readouterr().out  # queued at submission, started by the child, done with the run's own time
+    for method in summary:
+        label = f"{method} seed 0"
+        assert f"[compare] queued {label}" in printed and f"[compare] started {label}\n" in printed, printed
+        assert re.search(rf"\[compare\] {re.escape(label)}: done in \d+ s \(\d+ s after it was queued\)", printed)
     for method in summary:
         for agent in ("llama", "qwen3"):
             a, b = summary[method].agents[agent], parallel[method].agents[agent]
@@ -175,10 +182,12 @@ def test_parallel_child_processes_give_the_same_table_as_in_process(tiny_compare
 
 
 @pytest.mark.slow
-def test_a_failing_pool_task_names_its_log(tmp_path):
+def test_a_failing_pool_task_names_its_log(tmp_path, capfd):
     bad = cmp.TrainTask("no_such_preset", (), 0, "hacpo", tmp_path / "run", tmp_path / "run" / "train.log")
     with pytest.raises(RuntimeError, match=r"hacpo seed 0 failed; see .*train.log"):
         cmp.execute([bad], jobs=2)
+    printed = capfd.readouterr().out
+    assert "[compare] started hacpo seed 0\n" in printed and "[compare] hacpo seed 0: FAILED (" in printed, printed
     assert "no_such_preset" in bad.log.read_text()  # the child's traceback is in the log
 
 
