@@ -35,11 +35,13 @@ not). Helpers run as ``python -m hacrl_megatron.launch.slurm_ray ip|wait|leave``
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import shlex
 import socket
 import sys
 import time
+from pathlib import Path
 
 from hacrl_megatron.launch.node_address import NodeAddressError, node_address
 
@@ -115,7 +117,9 @@ __HELPERS__if [ "$NODEID" = "0" ]; then
   __HEAD_GPUS__"${RAY[@]}" start --head --block --node-ip-address="$HEAD_IP" --port="$PORT" \
       --include-dashboard=false "${RAY_ARGS[@]}" __HEAD_ARGS__&
   RAY_PID=$!
-  if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT"; then
+  # --head-pid: a head that dies while starting (a taken port, a bad flag) fails the job now, not after $TIMEOUT
+  if ! "$PY" -m hacrl_megatron.launch.slurm_ray wait --address "$RAY_ADDRESS" --nodes "$NNODES" --timeout "$TIMEOUT" \
+      --head-pid "$RAY_PID"; then
     forget_token; forget_head; stop_ray; exit 1
   fi
   __COMMAND__
@@ -246,22 +250,62 @@ def _port_open(host: str, port: int) -> bool:
         return False
 
 
-def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5.0) -> int:
+def process_running(pid: int) -> bool:
+    """Whether process ``pid`` exists and has not exited (an exited child its parent has not reaped yet, a
+    zombie, counts as exited)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: it exists
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:  # without procfs os.kill's answer stands; with it, the process exited just now
+        return not Path("/proc/self").exists()
+    return stat[stat.rindex(")") + 2] not in "ZX"  # the state field follows the parenthesised command name
+
+
+def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5.0,
+                   head_pid: int | None = None) -> int:
     """Block until ``nodes`` Ray nodes are alive in the cluster at ``address``; return how many are.
 
-    Raises TimeoutError naming how many joined (look at the missing nodes' Slurm logs).
+    ``head_pid``: the head's ``ray start --head --block`` process; when it exits before its port opens (its
+    GCS could not bind the port, a bad flag) this fails at once with RuntimeError instead of waiting out
+    ``timeout_s``. Raises TimeoutError naming how many joined (look at the missing nodes' Slurm logs).
     """
     from hacrl_megatron.agents.ray_placement import require_ray  # imports torch: not for the `ip` helper
 
     ray = require_ray()
     deadline = time.monotonic() + timeout_s
     host, _, port = address.rpartition(":")
+
+    def head_gone() -> bool:
+        return head_pid is not None and not process_running(head_pid)
+
     # ray.init blocks for minutes on a port nobody listens on yet: wait for the head's GCS port first
     while not _port_open(host, int(port)):
+        if head_gone():
+            raise RuntimeError(f"the Ray head (`ray start --head`, pid {head_pid}) exited before {address} opened; "
+                               "its error is above in this job's output")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no Ray head listening at {address} within {timeout_s:g} s")
         time.sleep(min(poll_s, 1.0))
-    ray.init(address=address, log_to_driver=False)
+    # the GCS port opens before the head's own node has registered, and ray.init fails until it has
+    # ("No node info found"): try again while the head runs
+    while True:
+        try:
+            ray.init(address=address, log_to_driver=False)
+            break
+        except ConnectionError as err:
+            ray.shutdown()
+            if head_gone():
+                raise RuntimeError(f"the Ray head (`ray start --head`, pid {head_pid}) exited while starting; "
+                                   "its error is above in this job's output") from err
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"could not connect to the Ray head at {address} within {timeout_s:g} s: "
+                                   f"{err}") from err
+            time.sleep(1.0)
     try:
         while True:
             alive = sum(1 for n in ray.nodes() if n.get("Alive", False))
@@ -307,6 +351,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--address", required=True)
     w.add_argument("--nodes", type=int, required=True)
     w.add_argument("--timeout", type=float, default=600.0)
+    w.add_argument("--head-pid", type=int, help="the head's `ray start --head` process: fail at once if it exits "
+                                                  "before the port opens")
     lv = sub.add_parser("leave", help="on the head: wait until the other Ray nodes have left (never fails)")
     lv.add_argument("--address", required=True)
     lv.add_argument("--timeout", type=float, default=60.0)
@@ -330,8 +376,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
         return 0
     try:
-        alive = wait_for_nodes(args.address, args.nodes, args.timeout)
-    except TimeoutError as err:
+        alive = wait_for_nodes(args.address, args.nodes, args.timeout, head_pid=args.head_pid)
+    except (TimeoutError, RuntimeError) as err:
         print(f"[hacrl] {err}", file=sys.stderr)
         return 1
     print(f"[hacrl] {alive} Ray node(s) ready at {args.address}")

@@ -11,6 +11,7 @@ machine, and the test checks that no process of its temp dir survives.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -20,6 +21,7 @@ import pytest
 
 pytest.importorskip("ray")
 
+from hacrl_megatron.launch import slurm_ray  # noqa: E402
 from hacrl_megatron.launch.executors import PACKAGE_ROOT  # noqa: E402
 from hacrl_megatron.launch.slurm_ray import ray_cluster_script  # noqa: E402
 from hacrl_megatron.models.parallel import free_port  # noqa: E402
@@ -82,6 +84,35 @@ def test_head_node_runs_command_and_returns_its_status(tmp_path):
     assert _survivors(temp) == []
 
 
+def test_a_head_that_dies_while_starting_fails_the_job_at_once_not_after_the_wait(tmp_path):
+    """`ray start --head` exiting before its port opens (here a bad flag; on a cluster a taken port) ends the
+    node script with one line naming it, long before the 600 s wait for the nodes would."""
+    script = tmp_path / "node.sh"
+    script.write_text(ray_cluster_script([sys.executable, "-c", "raise SystemExit(0)"], python=sys.executable,
+                                         port=free_port(), wait_timeout_s=600))
+    temp = f"/tmp/hr_{uuid.uuid4().hex[:8]}_d"
+    env = _env(RAY_AUTH_TOKEN=uuid.uuid4().hex, HACRL_RAY_START_ARGS=f"--temp-dir={temp} --num-cpus=not-a-number")
+    t0 = time.monotonic()
+    out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1, out.stdout[-3000:] + out.stderr[-3000:]
+    assert time.monotonic() - t0 < 300
+    assert re.search(r"the Ray head \(`ray start --head`, pid \d+\) exited before 127\.0\.0\.1:\d+ opened", out.stderr), \
+        out.stderr[-3000:]
+    assert "command exited" not in out.stdout  # the command never ran
+
+
+def test_process_running_counts_an_unreaped_child_as_exited():
+    assert slurm_ray.process_running(os.getpid())
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 60
+    while slurm_ray.process_running(child.pid):  # a zombie until reaped below
+        assert time.monotonic() < deadline, "the child never showed as exited"
+        time.sleep(0.05)
+    assert os.path.exists(f"/proc/{child.pid}")  # still there, unreaped: the zombie case
+    child.wait()
+    assert not slurm_ray.process_running(child.pid)
+
+
 @pytest.mark.slow
 def test_worker_node_joins_and_leaves_when_the_head_is_done(tmp_path):
     port = free_port()
@@ -112,3 +143,40 @@ def test_worker_node_joins_and_leaves_when_the_head_is_done(tmp_path):
     assert worker.returncode == 0, worker_out[-3000:]
     time.sleep(1.0)
     assert _survivors(head_temp) == [] and _survivors(worker_temp) == []
+
+
+class _FlakyRay:
+    """A stand-in `ray` whose init fails ``fails`` times the way a head does whose GCS port is open but whose
+    own node has not registered yet."""
+
+    def __init__(self, fails: int):
+        self.fails, self.inits, self.shutdowns = fails, 0, 0
+
+    def init(self, address, log_to_driver):
+        self.inits += 1
+        if self.inits <= self.fails:
+            raise ConnectionError(f"Failed to connect to Ray cluster at {address}")
+
+    def nodes(self):
+        return [{"Alive": True}, {"Alive": True}]
+
+    def shutdown(self):
+        self.shutdowns += 1
+
+
+def test_wait_for_nodes_retries_while_the_heads_node_registers_and_stops_if_the_head_dies(monkeypatch):
+    import hacrl_megatron.agents.ray_placement as placement
+
+    monkeypatch.setattr(slurm_ray, "_port_open", lambda host, port: True)
+    monkeypatch.setattr(slurm_ray.time, "sleep", lambda s: None)
+    fake = _FlakyRay(fails=3)
+    monkeypatch.setattr(placement, "require_ray", lambda: fake)
+    assert slurm_ray.wait_for_nodes("127.0.0.1:6379", 2, timeout_s=60, head_pid=os.getpid()) == 2
+    assert fake.inits == 4 and fake.shutdowns == 3 + 1  # each failed init undone, and the last one's shutdown
+
+    fake = _FlakyRay(fails=10**9)
+    monkeypatch.setattr(placement, "require_ray", lambda: fake)
+    monkeypatch.setattr(slurm_ray, "process_running", lambda pid: fake.inits < 5)
+    with pytest.raises(RuntimeError, match=r"the Ray head \(`ray start --head`, pid 4242\) exited while starting"):
+        slurm_ray.wait_for_nodes("127.0.0.1:6379", 2, timeout_s=60, head_pid=4242)
+    assert fake.inits == 5
