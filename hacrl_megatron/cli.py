@@ -20,6 +20,7 @@ import argparse
 import importlib
 import importlib.util
 import logging
+import os
 import signal
 import sys
 import threading
@@ -29,7 +30,7 @@ import yaml
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
 from hacrl_megatron.config.files import check_loggers, check_model_files
 from hacrl_megatron.durable import OutOfSpaceError
-from hacrl_megatron.errors import InputError
+from hacrl_megatron.errors import InputError, Terminated
 from hacrl_megatron.outputs import check_dir
 from hacrl_megatron.paths import CACHE_ENV, default_cache_dir
 from hacrl_megatron.trainer.run_folder import RunFolderError, check_output_paths, resume_note
@@ -48,13 +49,16 @@ EXTERNAL_COMMANDS = {
 }
 
 
-class Terminated(BaseException):
-    """SIGTERM (a scheduler stopping the job: Slurm's scancel or time limit), raised in the main thread
-    like Ctrl-C's KeyboardInterrupt so that the run stops the same way (exit 143 = 128 + SIGTERM)."""
+_SIGTERM_OWNER = {"pid": None}  # the process whose main thread installed _on_sigterm
 
 
 def _on_sigterm(signum: int, frame: object) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM while stopping ends the process at once
+    if os.getpid() != _SIGTERM_OWNER["pid"]:
+        # a forked child that inherited the handler (megatron's checkpoint writers, verifier workers; Slurm's
+        # scancel signals every process of the step): it ends the default, silent way, not with a traceback
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     raise Terminated
 
 
@@ -245,6 +249,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 0
     in_main_thread = threading.current_thread() is threading.main_thread()
+    if in_main_thread:
+        _SIGTERM_OWNER["pid"] = os.getpid()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main_thread else None
     try:
         return int(args.func(args) or 0)

@@ -46,7 +46,7 @@ from hacrl_megatron.durable import (
     is_out_of_space,
     megabytes,
 )
-from hacrl_megatron.errors import InputError
+from hacrl_megatron.errors import InputError, Terminated
 
 logger = logging.getLogger(__name__)
 
@@ -192,9 +192,12 @@ def save_checkpoint(root: str | os.PathLike, step: int, runtimes, state: dict[st
         torch.save({**state, "step": step, "rng": rng_state()}, tmp / "state.pt")
         write_manifest(tmp, step)
     except BaseException as err:  # torch's distributed-checkpoint writer raises a BaseException subclass
-        interrupted = isinstance(err, (KeyboardInterrupt, SystemExit))
+        interrupted = isinstance(err, (KeyboardInterrupt, SystemExit, Terminated))  # Ctrl-C, SIGTERM, exit
         written, full = _tree_bytes(tmp), not interrupted and is_out_of_space(err, root)
-        shutil.rmtree(tmp, ignore_errors=True)
+        if interrupted:
+            _remove_until_it_stays_gone(tmp)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         if full:
             raise _out_of_space(root, step, written) from err
         raise
@@ -205,6 +208,21 @@ def save_checkpoint(root: str | os.PathLike, step: int, runtimes, state: dict[st
     _prune(root, keep)
     logger.debug("checkpoint written: %s", final)
     return final
+
+
+def _remove_until_it_stays_gone(tmp: Path, settle_s: float = 1.0, limit_s: float = 10.0) -> None:
+    """Remove an interrupted save's temp folder for good. The signal that interrupted this process (Ctrl-C to
+    the terminal's process group, Slurm's scancel to every process of the step) also reaches the writers
+    megatron's checkpoint forks; one may still create a file in ``tmp`` just after a first removal, so
+    ``tmp`` is removed again until it has stayed gone ``settle_s`` seconds (at most ``limit_s`` in all)."""
+    deadline = time.monotonic() + limit_s
+    shutil.rmtree(tmp, ignore_errors=True)
+    gone_since = time.monotonic()
+    while time.monotonic() - gone_since < settle_s and time.monotonic() < deadline:
+        time.sleep(0.05)
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            gone_since = time.monotonic()
 
 
 def _out_of_space(root: Path, step: int, written: int) -> OutOfSpaceError:

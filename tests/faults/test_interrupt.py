@@ -7,14 +7,17 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
 
 from hacrl_megatron.cli import main
+from hacrl_megatron.errors import Terminated
 from hacrl_megatron.trainer import loop
-from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint
+from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint, save_checkpoint
 from hacrl_megatron.trainer.metrics import read_metrics
 from hacrl_megatron.trainer.run_folder import checkpoint_dir
 from tests.faults.trainer_helpers import exp_with, preset_file, tiny
@@ -47,6 +50,64 @@ def test_ctrl_c_before_the_first_checkpoint_says_so(tmp_path, monkeypatch, capsy
     assert main(["train", "--preset", preset_file(tmp_path, exp)]) == 130
     root = checkpoint_dir(exp)
     assert capsys.readouterr().err == f"hacrl: interrupted; no checkpoint written yet in {root}\n"
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Terminated])
+def test_an_interrupted_save_leaves_no_temp_folder_even_when_a_writer_adds_a_file_after_it(tmp_path, interrupt):
+    """Slurm's scancel signals every process of the step, megatron's forked checkpoint writers included: one
+    may still write into the temp folder just after the interrupted save removed it. The folder is removed
+    again until it stays gone; the previous checkpoint is untouched."""
+    root = tmp_path / "checkpoints"
+    (root / "step-000001").mkdir(parents=True)
+    (root / "step-000001" / "COMPLETE").write_text("x")
+    late = []
+
+    class LateWriter:
+        def save(self, path):
+            Path(path).mkdir(parents=True)
+
+            def write_after_the_removal():
+                time.sleep(0.3)
+                Path(path).mkdir(parents=True, exist_ok=True)
+                (Path(path) / "__0_0.distcp").write_bytes(b"shard")
+                late.append(path)
+
+            threading.Thread(target=write_after_the_removal).start()
+            raise interrupt
+
+    runtime = types.SimpleNamespace(name="llama", trainer=LateWriter())
+    with pytest.raises(interrupt):
+        save_checkpoint(root, 2, [runtime], {})
+    assert late  # the writer did write after the removal began
+    assert sorted(p.name for p in root.iterdir()) == ["step-000001"]
+
+
+def _sleep_in_child():
+    time.sleep(60)
+
+
+def test_a_forked_child_ends_silently_on_sigterm_and_the_parent_still_raises(capfd):
+    """A child forked after `hacrl` installed its SIGTERM handler (a checkpoint writer, a verifier worker) dies
+    the default way, without a Terminated traceback; the installing process still raises Terminated."""
+    import multiprocessing
+
+    from hacrl_megatron import cli
+
+    cli._SIGTERM_OWNER["pid"] = os.getpid()
+    previous = signal.signal(signal.SIGTERM, cli._on_sigterm)
+    try:
+        child = multiprocessing.get_context("fork").Process(target=_sleep_in_child)
+        child.start()
+        time.sleep(0.5)
+        os.kill(child.pid, signal.SIGTERM)
+        child.join(30)
+        assert child.exitcode == -signal.SIGTERM
+        assert "Terminated" not in capfd.readouterr().err
+        with pytest.raises(Terminated):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)  # the handler runs at the next bytecode
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @pytest.mark.slow
