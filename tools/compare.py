@@ -33,7 +33,9 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import sys
+import threading
 import time
 import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
@@ -310,8 +312,28 @@ def _submit(pool: ProcessPoolExecutor, task: Task) -> Future:
 
 
 def _single_threaded() -> None:
-    """Pool initializer: one OpenMP/MKL thread, set before the task imports torch."""
+    """Pool initializer: one OpenMP/MKL thread, set before the task imports torch; the worker ends when
+    tools/compare.py does (see :func:`end_with_parent`)."""
     os.environ.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    end_with_parent(os.getppid())
+
+
+def end_with_parent(parent: int, poll_s: float = 1.0, grace_s: float = 30.0) -> threading.Thread:
+    """Watch from a daemon thread: once this process's parent is no longer ``parent`` (tools/compare.py was
+    killed, even with SIGKILL, and the pool worker re-parented), SIGTERM this process (a run stops as on a
+    scheduler's stop, its verifier workers with it) and SIGKILL it ``grace_s`` later. Without it a killed
+    comparison leaves its runs training on, unseen."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    thread = threading.Thread(target=watch, name="end-with-parent", daemon=True)
+    thread.start()
+    return thread
 
 
 def _run_in_child(task: Task) -> float:

@@ -349,3 +349,36 @@ def test_paper_ablations_switch_one_mechanism_and_share_the_warmup(tmp_path):
     plan = cmp.plan_runs("cpu_state", methods, [3, 4], [], tmp_path)
     by_seed = cmp.check_shared_warmup(plan)
     assert by_seed[3] != by_seed[4]  # every seed its own warm-up run, so its own two snapshots
+
+
+def test_a_pool_worker_ends_when_compare_is_killed_outright(tmp_path):
+    """kill -9 of tools/compare.py must not leave its pool workers training on: a worker re-parented away
+    from it SIGTERMs itself (end_with_parent)."""
+    import signal
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[2]
+    worker = ("import os, time, tools.compare as c; c.end_with_parent(os.getppid(), poll_s=0.1, grace_s=5); "
+              "time.sleep(120)")
+    parent = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                               f"p = subprocess.Popen([sys.executable, '-c', {worker!r}]); "
+                               "print(p.pid, flush=True); time.sleep(120)"],
+                              cwd=root, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    time.sleep(3.0)  # the worker imports tools.compare and starts watching
+    assert _alive(child)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 30
+    while _alive(child):
+        assert time.monotonic() < deadline, "the worker outlived its killed parent"
+        time.sleep(0.1)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
