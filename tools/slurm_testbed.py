@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import random
 import shutil
 import signal
 import socket
@@ -50,6 +51,10 @@ BINARIES = ("munged", "slurmctld", "slurmd", "slurmdbd", "sbatch", "sacct", "sac
 RAY_PORT_FLAGS = ("node-manager-port", "object-manager-port", "metrics-export-port", "runtime-env-agent-port",
                   "dashboard-agent-grpc-port", "dashboard-agent-listen-port", "ray-client-server-port", "dashboard-port")
 RAY_PORTS_PER_NODE = 32  # RAY_PORT_FLAGS, then min/max-worker-port over the rest
+# a job step credential's lifetime, which is also how long Slurm holds a requeued job before it may start
+# again (slurm.conf AuthInfo cred_expire; 120 s by default, 2 min 14 s measured): shorter here, ample for a
+# step launch on one loaded machine
+CRED_EXPIRE_S = 30
 
 
 class BedError(RuntimeError):
@@ -61,42 +66,57 @@ def missing_binaries() -> list[str]:
     return [b for b in BINARIES if shutil.which(b) is None]
 
 
-def free_ports(host: str, n: int) -> list[int]:
-    """``n`` distinct TCP ports free on ``host`` right now (the kernel's choice)."""
-    socks, ports = [], []
+# Ports the bed hands out come from outside the kernel's ephemeral range (what bind(0) and every outgoing
+# connection draw from) and above Ray's default worker ports (10002-19999): a port chosen now is bound only
+# later (a job's Ray head starts minutes after the bed), and in that window another process on the machine
+# takes it only by asking for it by number. Ray binds its servers on the wildcard address, so "free" means
+# free on every address.
+QUIET_LOW = 20000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's ephemeral range (``net.ipv4.ip_local_port_range``; Linux's default if unreadable)."""
     try:
-        for _ in range(n):
-            s = socket.socket()
-            s.bind((host, 0))
-            socks.append(s)
-            ports.append(s.getsockname()[1])
-    finally:
-        for s in socks:
-            s.close()
-    return ports
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
-def ray_port_block(host: str) -> list[int]:
-    """A run of :data:`RAY_PORTS_PER_NODE` consecutive ports free on ``host``: Ray's worker ports
-    are a range (``--min-worker-port``..``--max-worker-port``)."""
-    for _ in range(200):
-        (start,) = free_ports(host, 1)
-        if start + RAY_PORTS_PER_NODE >= 65535:
-            continue
-        block = list(range(start, start + RAY_PORTS_PER_NODE))
+def _free_on_every_address(port: int) -> bool:
+    with socket.socket() as s:
         try:
-            socks = []
-            for p in block:
-                s = socket.socket()
-                socks.append(s)
-                s.bind((host, p))
-            return block
+            s.bind(("0.0.0.0", port))
         except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise BedError(f"no run of {RAY_PORTS_PER_NODE} free ports on {host}")
+            return False
+    return True
+
+
+def quiet_ports(n: int, consecutive: bool = False) -> list[int]:
+    """``n`` distinct TCP ports, free on every address right now, from outside the ephemeral range and above
+    Ray's worker ports (see above); ``consecutive``: a run ``p, p+1, ...`` (Ray's worker-port range, or
+    ``hacrl launch --per-agent-jobs``, which gives agent i the port ``--ray-port`` + i)."""
+    low, high = ephemeral_port_range()
+    spans = [(a, b) for a, b in ((QUIET_LOW, low - 1), (high + 1, 65535)) if b - a + 1 >= n]
+    if not spans:
+        raise BedError(f"no room for {n} ports outside the ephemeral range {low}-{high} above {QUIET_LOW}")
+    rng = random.SystemRandom()  # two beds on one machine do not walk the same sequence
+    for _ in range(500):
+        a, b = rng.choice(spans)
+        if consecutive:
+            first = rng.randint(a, b - n + 1)
+            ports = list(range(first, first + n))
+        else:
+            ports = rng.sample(range(a, b + 1), n)
+        if all(_free_on_every_address(p) for p in ports):
+            return ports
+    raise BedError(f"no {n} free ports outside the ephemeral range {low}-{high} after 500 tries")
+
+
+def ray_port_block() -> list[int]:
+    """A run of :data:`RAY_PORTS_PER_NODE` consecutive quiet ports: Ray's worker ports are a range
+    (``--min-worker-port``..``--max-worker-port``)."""
+    return quiet_ports(RAY_PORTS_PER_NODE, consecutive=True)
 
 
 class SlurmBed:
@@ -115,8 +135,7 @@ class SlurmBed:
         self.procs: dict[str, subprocess.Popen] = {}
         self.ray_temp_dirs: list[Path] = []
         self.ray_ports: dict[str, dict[str, int]] = {}  # node -> {`ray start` port flag: port}
-        host = CTLD_ADDR
-        self.ctld_port, self.dbd_port, self.db_port, *node_ports = free_ports(host, 3 + len(NODES))
+        self.ctld_port, self.dbd_port, self.db_port, *node_ports = quiet_ports(3 + len(NODES))
         self.node_ports = dict(zip(NODES, node_ports))
 
     # -- configuration ------------------------------------------------------------------------------
@@ -155,7 +174,7 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 CredType=cred/munge
-AuthInfo=socket={self.munge_socket}
+AuthInfo=socket={self.munge_socket},cred_expire={CRED_EXPIRE_S}
 CommunicationParameters=NoCtldInAddrAny
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool/%n
@@ -213,8 +232,8 @@ StorageLoc=slurm_acct_db
         tag = os.urandom(3).hex()
         self.ray_temp_dirs = [Path(f"/tmp/hsb{tag}_{node}") for node in NODES]
         self.ray_ports = {}
-        for node, ip in NODES.items():
-            block = ray_port_block(ip)
+        for node in NODES:
+            block = ray_port_block()
             self.ray_ports[node] = dict(zip(RAY_PORT_FLAGS, block))
             flags = [f"--{f}={p}" for f, p in zip(RAY_PORT_FLAGS, block)]
             flags += [f"--min-worker-port={block[len(RAY_PORT_FLAGS)]}", f"--max-worker-port={block[-1]}"]

@@ -28,6 +28,10 @@ def _unavailable() -> str | None:
     return None
 
 
+def _sigterm_as_ctrl_c(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 @pytest.fixture(scope="session")
 def slurm_bed(tmp_path_factory):
     why = _unavailable()
@@ -35,13 +39,17 @@ def slurm_bed(tmp_path_factory):
         if os.environ.get("HACRL_REQUIRE_SLURM") == "1":
             pytest.fail(f"HACRL_REQUIRE_SLURM=1 but {why}")
         pytest.skip(why)
+    # SIGTERM (CI stops this step when another step fails first) ends the session like Ctrl-C, so that the
+    # teardown below still stops the bed's daemons, which run in sessions of their own
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
     # HACRL_SLURM_NICE: the jobs' nice value (a machine busy with other work can starve Ray's startup)
     bed = bed_module.SlurmBed(tmp_path_factory.mktemp("slurm"), nice=int(os.environ.get("HACRL_SLURM_NICE", "0")))
-    bed.start()
     try:
+        bed.start()
         yield bed
     finally:
         killed = bed.stop()
+        signal.signal(signal.SIGTERM, previous)
         assert killed == [], f"processes of the Slurm test bed were still running after its jobs: {killed}"
 
 

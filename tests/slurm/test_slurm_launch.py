@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from hacrl_megatron.trainer.checkpoint import find_resume_checkpoint
-from tests.slurm.conftest import describe
+from tests.slurm.conftest import bed_module, describe
 from tests.slurm.test_slurm_bed import sacct_state
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -99,16 +99,17 @@ def _v4(ip: str) -> str:
 
 def launch(bed, tmp_path: Path, name: str, *args: str, overrides: list[str], detach: bool = False,
            timeout_s: float = 1800) -> subprocess.CompletedProcess:
-    """``hacrl launch --executor slurm --nodes 2`` of cpu_demo into the bed (job files under tmp_path)."""
-    from hacrl_megatron.models.parallel import free_port
-
+    """``hacrl launch --executor slurm --nodes 2`` of cpu_demo into the bed (job files under tmp_path). The Ray
+    port (and the next one: `--per-agent-jobs` gives its second job `--ray-port` + 1) comes from outside the
+    kernel's ephemeral range, so nothing else on the machine takes it before the job's head binds it."""
+    ray_port = bed_module.quiet_ports(2, consecutive=True)[0]
     env = bed.env()
     env.update(NEMORUN_HOME=str(tmp_path / "nemorun"), PYTHONUNBUFFERED="1",
                PATH=f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}")
     argv = [sys.executable, "-m", "hacrl_megatron", "launch", "--executor", "slurm", "--nodes", "2",
             "--account", "hacrl", "--partition", "hacrl", "--container-image", "none", "--packager", "none",
             "--job-dir", str(tmp_path / "jobs"), "--name", name,
-            "--ray-port", str(free_port()), "--ray-wait-timeout", "900", "--time", "01:00:00",
+            "--ray-port", str(ray_port), "--ray-wait-timeout", "900", "--time", "01:00:00",
             "--env", "OMP_NUM_THREADS=1", *args, *(["--detach"] if detach else []),
             "--preset", "cpu_demo", f"output_dir={tmp_path / 'run'}", *FAST, *overrides]
     return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL)
