@@ -280,14 +280,14 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
     deadline = time.monotonic() + timeout_s
     host, _, port = address.rpartition(":")
 
-    def head_gone() -> bool:
-        return head_pid is not None and not process_running(head_pid)
+    def fail_if_the_head_exited(when: str) -> None:
+        if head_pid is not None and not process_running(head_pid):
+            raise RuntimeError(f"the Ray head (`ray start --head`, pid {head_pid}) exited {when}; "
+                               "its error is above in this job's output")
 
     # ray.init blocks for minutes on a port nobody listens on yet: wait for the head's GCS port first
     while not _port_open(host, int(port)):
-        if head_gone():
-            raise RuntimeError(f"the Ray head (`ray start --head`, pid {head_pid}) exited before {address} opened; "
-                               "its error is above in this job's output")
+        fail_if_the_head_exited(f"before {address} opened")
         if time.monotonic() >= deadline:
             raise TimeoutError(f"no Ray head listening at {address} within {timeout_s:g} s")
         time.sleep(min(poll_s, 1.0))
@@ -299,9 +299,7 @@ def wait_for_nodes(address: str, nodes: int, timeout_s: float, poll_s: float = 5
             break
         except ConnectionError as err:
             ray.shutdown()
-            if head_gone():
-                raise RuntimeError(f"the Ray head (`ray start --head`, pid {head_pid}) exited while starting; "
-                                   "its error is above in this job's output") from err
+            fail_if_the_head_exited("while starting")  # raised while handling err: err stays its context
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"could not connect to the Ray head at {address} within {timeout_s:g} s: "
                                    f"{err}") from err

@@ -358,6 +358,8 @@ def test_a_pool_worker_ends_when_compare_is_killed_outright(tmp_path):
     import subprocess
     import sys
 
+    from hacrl_megatron.launch.slurm_ray import process_running
+
     root = Path(__file__).resolve().parents[2]
     worker = ("import os, time, tools.compare as c; c.end_with_parent(os.getppid(), poll_s=0.1, grace_s=5); "
               "time.sleep(120)")
@@ -367,18 +369,10 @@ def test_a_pool_worker_ends_when_compare_is_killed_outright(tmp_path):
                               cwd=root, stdout=subprocess.PIPE, text=True)
     child = int(parent.stdout.readline())
     time.sleep(3.0)  # the worker imports tools.compare and starts watching
-    assert _alive(child)
+    assert process_running(child)
     parent.send_signal(signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 30
-    while _alive(child):
+    while process_running(child):
         assert time.monotonic() < deadline, "the worker outlived its killed parent"
         time.sleep(0.1)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] not in "ZX"
