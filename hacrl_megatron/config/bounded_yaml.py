@@ -16,9 +16,10 @@ load takes well under a second and a few MB (tests/faults/test_hostile_presets.p
 
 from __future__ import annotations
 
+import os
 import reprlib
 import stat
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import yaml
@@ -30,14 +31,39 @@ MAX_VALUES = 20_000  # scalars and collections after alias expansion
 MAX_DEPTH = 32  # nested mappings/sequences
 MAX_BASE_CHAIN = 16  # presets in one ``base:`` chain
 
-_SHORT = reprlib.Repr()
+PATH_MAX = 4096  # Linux's limit on a path's length: a longer string cannot name a file
+
+
+def looks_like_path(text: str) -> bool:
+    """Whether ``text`` could be a file system path a user must be able to copy whole: it holds a
+    separator, no line break, and is no longer than :data:`PATH_MAX`."""
+    return ("/" in text or os.sep in text) and "\n" not in text and len(text) <= PATH_MAX
+
+
+class _ShortRepr(reprlib.Repr):
+    """``reprlib.Repr`` that never cuts a path: a user told a path with its middle replaced by ``...``
+    cannot use it. Other long strings, long numbers and deep or long collections are still cut."""
+
+    def repr_str(self, x: str, level: int) -> str:
+        if looks_like_path(x):
+            return repr(x)
+        return super().repr_str(x, level)
+
+    def repr1(self, x: Any, level: int) -> str:
+        if isinstance(x, PurePath):
+            return repr(str(x))
+        return super().repr1(x, level)
+
+
+_SHORT = _ShortRepr()
 _SHORT.maxstring, _SHORT.maxother, _SHORT.maxlevel, _SHORT.maxlong = 80, 80, 3, 40
 _SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 16  # a config's lists are short: show them
 
 
 def short_repr(value: Any) -> str:
     """``repr(value)`` cut to about a line (levels, items and characters elided with ``...``): error
-    messages quote the offending value without expanding a huge or deeply nested one."""
+    messages quote the offending value without expanding a huge or deeply nested one. A path (a
+    ``PurePath``, or a string :func:`looks_like_path` accepts) is always quoted whole."""
     return _SHORT.repr(value)
 
 

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from hacrl_megatron.errors import InputError
+from hacrl_megatron.errors import InputError, one_line_text
 
 DTYPES = ("float32", "bfloat16", "float16")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")  # any one makes a tokenizer
@@ -108,4 +108,4 @@ def _check_weights(folder: Path) -> None:
 def load_failure(what: str, folder: Path, err: BaseException) -> EvalInputError:
     """A library's error while loading ``what`` from ``folder``, as one line naming the folder."""
     first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-    return EvalInputError(f"--agent {folder}: the {what} cannot be loaded ({type(err).__name__}: {first[:300]})")
+    return EvalInputError(f"--agent {folder}: the {what} cannot be loaded ({type(err).__name__}: {one_line_text(first)})")

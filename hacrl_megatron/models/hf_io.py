@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.errors import one_line_text
 from hacrl_megatron.models.convert import DictSource, SafetensorsSource, TensorSource
 from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 
@@ -48,7 +49,7 @@ def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | N
         from hacrl_megatron.models.provider import UnsupportedModelError
 
         raise UnsupportedModelError(f"{os.path.join(path, 'config.json')}: cannot be read as an HF config "
-                                    f"({' '.join(str(err).split())[:300]})") from None
+                                    f"({one_line_text(str(err))})") from None
     return config, SafetensorsSource(path)
 
 

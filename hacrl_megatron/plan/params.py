@@ -29,6 +29,7 @@ import os
 from dataclasses import dataclass
 
 from hacrl_megatron.config.layout import pipeline_layers
+from hacrl_megatron.errors import one_line_text
 from hacrl_megatron.models.provider import ArchSpec, arch_from_hf, validate_layout
 
 
@@ -131,7 +132,7 @@ def arch_from_config(config: dict | str) -> ArchSpec:
             with open(path, encoding="utf-8") as f:
                 config = json.load(f)
         except (ValueError, RecursionError) as err:  # JSONDecodeError, not UTF-8, 4,300+ digit integers
-            raise ValueError(f"{path}: not a readable JSON config ({' '.join(str(err).split())[:200]})") from None
+            raise ValueError(f"{path}: not a readable JSON config ({one_line_text(str(err), 200)})") from None
     if not isinstance(config, dict):
         raise ValueError(f"{where}: expected a JSON object, got {type(config).__name__}")
     data = dict(config)
@@ -141,7 +142,7 @@ def arch_from_config(config: dict | str) -> ArchSpec:
     try:  # transformers validates some fields itself (its own error types, or 0 heads dividing), arch_from_hf the rest
         hf = transformers.AutoConfig.for_model(model_type, **data)
     except Exception as err:
-        raise ValueError(f"{where}: {' '.join(str(err).split())[:300]}") from None
+        raise ValueError(f"{where}: {one_line_text(str(err))}") from None
     try:
         return arch_from_hf(hf)
     except ValueError as err:

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from hacrl_megatron.errors import InputError
+from hacrl_megatron.errors import InputError, one_line_text
 
 DEFAULT_ENDPOINT = "https://huggingface.co"
 PROBE_TIMEOUT_S = 5.0
@@ -61,5 +61,5 @@ def mirror_repo(mirror: str | os.PathLike, repo_id: str) -> Path:
 
 def one_line(err: BaseException) -> str:
     """An exception from huggingface_hub/datasets/requests as one line (their messages span several)."""
-    text = " ".join(str(err).split())
-    return f"{type(err).__name__}: {text[:300]}" if text else type(err).__name__
+    text = one_line_text(str(err))
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__

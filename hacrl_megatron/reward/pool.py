@@ -55,7 +55,7 @@ from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
 
-from hacrl_megatron.errors import InputError
+from hacrl_megatron.errors import InputError, one_line_text
 from hacrl_megatron.reward.math_verify_backend import math_verify_equal
 from hacrl_megatron.reward.verify import MODES, RewardRequest, score_request_with_event
 
@@ -139,7 +139,7 @@ def _score_one(
             return 0.0, "error", f"score {value!r} is outside [0, 1]"
         return value, event, ""
     except Exception as exc:  # any scoring failure is a 0 reward, counted, never a crash
-        return 0.0, "error", f"{type(exc).__name__}: {exc}"[:300]
+        return 0.0, "error", one_line_text(f"{type(exc).__name__}: {exc}")
 
 
 def _worker_main(conn, mode: str, score_blob: bytes | None, timeout_s: float, stderr_path: str, token: str) -> None:

@@ -46,7 +46,7 @@ from hacrl_megatron.durable import (
     is_out_of_space,
     megabytes,
 )
-from hacrl_megatron.errors import InputError, Terminated
+from hacrl_megatron.errors import InputError, Terminated, one_line_text
 
 logger = logging.getLogger(__name__)
 
@@ -281,8 +281,7 @@ class ResumeError(InputError):
 
 
 def _one_line(err: BaseException, limit: int = 300) -> str:
-    text = " ".join(str(err).split()) or type(err).__name__  # torch's size-mismatch errors span lines
-    return text if len(text) <= limit else text[:limit] + "..."
+    return one_line_text(str(err), limit) or type(err).__name__  # torch's size-mismatch errors span lines
 
 
 def _move_aside(path: Path) -> Path:
