@@ -62,6 +62,26 @@ def _on_sigterm(signum: int, frame: object) -> None:
     raise Terminated
 
 
+class IntermixedParser(argparse.ArgumentParser):
+    """An ``ArgumentParser`` whose options and positionals (``key=value`` overrides, names) may come in any
+    order: ``hacrl train --preset p a=b --agent x c=d`` keeps both overrides. argparse stops collecting a
+    ``nargs="*"`` positional at the first option, so a plain parser loses whatever follows it; this one
+    parses intermixed (``parse_known_intermixed_args``) wherever that is possible, i.e. on every parser
+    without sub-commands (sub-parsers are built with the class of their parent, so every ``hacrl``
+    command gets it)."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._intermixing or self._subparsers is not None:
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls parse_known_args itself
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def _add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--preset", default=DEFAULT_PRESET,
                    help=f"built-in preset name or YAML path (default {DEFAULT_PRESET}; see `hacrl presets`)")
@@ -211,7 +231,7 @@ def _cmd_pretrain(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     from hacrl_megatron import __version__
 
-    parser = argparse.ArgumentParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO)")
+    parser = IntermixedParser(prog="hacrl", description="Heterogeneous Agent Collaborative RL (HACPO)")
     parser.add_argument("--version", action="version", version=f"hacrl {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     p = sub.add_parser("train", help="run HACRL training (no arguments: the CPU demo)")
