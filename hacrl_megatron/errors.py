@@ -23,23 +23,29 @@ class Terminated(BaseException):
 _QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
 
 
+def _path_spans(text: str) -> list[tuple[int, int]]:
+    """(start, end) of each path in ``text``: a quoted span holding a ``/`` (how Python's own errors quote
+    file names, spaces included), else a space-free word holding a ``/``."""
+    spans = [m.span() for m in _QUOTED.finditer(text) if "/" in m.group()]
+    for m in re.finditer(r"\S*/\S*", text):
+        if not any(a <= m.start() < b or a < m.end() <= b for a, b in spans):
+            spans.append(m.span())
+    return sorted(spans)
+
+
 def one_line_text(text: str, limit: int = 300) -> str:
-    """``text`` on one line (whitespace runs become one space), cut after about ``limit`` characters
-    with ``...``, but never inside a path: a cut that would fall in a quoted span holding a ``/`` (how
-    Python's own errors quote file names, spaces included) or in a word holding a ``/`` moves to that
-    span's end, so the user is always shown a path whole."""
+    """``text`` on one line (whitespace runs become one space), cut with ``...`` once about ``limit``
+    characters of it that are not paths have been shown. A path is never cut and does not count
+    against ``limit``: a user is always shown it whole, and a long path leaves the words around it
+    (the reason) in the message."""
     text = " ".join(text.split())
     if len(text) <= limit:
         return text
-    cut = limit
-    for span in _QUOTED.finditer(text):
-        if span.start() < cut < span.end() and "/" in span.group():
-            cut = span.end()
-            break
-    else:
-        word_start = text.rfind(" ", 0, cut) + 1
-        word_end = text.find(" ", cut)
-        word_end = len(text) if word_end < 0 else word_end
-        if "/" in text[word_start:word_end]:
-            cut = word_end
-    return text if cut >= len(text) else text[:cut] + "..."
+    shown, pos = 0, 0
+    for start, end in [*_path_spans(text), (len(text), len(text))]:
+        if shown + (start - pos) > limit:
+            cut = pos + (limit - shown)
+            return text[:cut] + "..."
+        shown += start - pos
+        pos = end
+    return text

@@ -67,6 +67,10 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> Any:
         init_kwargs.setdefault("log_to_driver", True)
         if _starts_private_cluster(address):
             _node_address_on_loopback()
+            from hacrl_megatron.sockets import ray_temp_dir
+
+            if ray_temp_dir() is not None:  # a long TMPDIR: Ray's socket paths would pass AF_UNIX's limit
+                init_kwargs.setdefault("_temp_dir", ray_temp_dir())
         ray.init(address=address, **init_kwargs)
     return ray
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -147,21 +148,36 @@ def _sbatch_requeue_agrees() -> Iterator[None]:
     its command line only when its executor asks for it (``#SBATCH --requeue``), else ``--no-requeue``:
     NeMo-Run 0.11 hard-codes ``sbatch --requeue --parsable``, and the command line overrides the
     script's ``#SBATCH`` lines. The request's command is fixed when it is rendered (``materialize``),
-    before it is written and submitted."""
-    from nemo_run.core.execution.slurm import SlurmBatchRequest
+    before it is written and submitted.
 
-    original = SlurmBatchRequest.materialize
+    NeMo-Run also submits with ``tunnel.run(" ".join(launch_cmd + [script]))``, a shell line in which a
+    script path holding a space (a job folder under "My Projects") splits into two arguments: while
+    this is open, the local tunnel quotes the script path of the sbatch lines it rendered."""
+    from nemo_run.core.execution.slurm import SlurmBatchRequest
+    from nemo_run.core.tunnel.client import LocalTunnel
+
+    original, original_run = SlurmBatchRequest.materialize, LocalTunnel.run
+    rendered: set[str] = set()
 
     def materialize(self: Any) -> str:
         wanted = "--requeue" if (self.executor.additional_parameters or {}).get("requeue") else "--no-requeue"
         self.launch_cmd = [wanted if arg in ("--requeue", "--no-requeue") else arg for arg in self.launch_cmd]
+        rendered.add(" ".join(self.launch_cmd) + " ")
         return original(self)
 
-    SlurmBatchRequest.materialize = materialize
+    def run(self: Any, command: str, *args: Any, **kwargs: Any) -> Any:
+        for prefix in rendered:
+            script = command[len(prefix):]
+            if command.startswith(prefix) and script.endswith("_sbatch.sh") and os.path.isfile(script):
+                command = prefix + shlex.quote(script)
+                break
+        return original_run(self, command, *args, **kwargs)
+
+    SlurmBatchRequest.materialize, LocalTunnel.run = materialize, run
     try:
         yield
     finally:
-        SlurmBatchRequest.materialize = original
+        SlurmBatchRequest.materialize, LocalTunnel.run = original, original_run
 
 
 def _state_name(state: Any) -> str:

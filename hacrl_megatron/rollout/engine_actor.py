@@ -348,7 +348,11 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+        from hacrl_megatron.sockets import ray_temp_dir
+
+        address = os.environ.get("RAY_ADDRESS")
+        short = ray_temp_dir() if address is None else None  # a new local cluster under a long TMPDIR
+        ray.init(address=address, log_to_driver=False, **({"_temp_dir": short} if short else {}))
 
     who = f"agent {name!r}: engines" if name else "engines"
     gpus_per_node(ray, who)  # a launched multi-node job without $HACRL_GPUS_PER_NODE is refused here

@@ -108,6 +108,9 @@ def dumps_named_tensors(tensors: Sequence[tuple[str, torch.Tensor]], *,
     The caller must keep the tensors alive until the receiver has copied them (the HTTP call that
     carries the payload returns after the server loaded the weights).
     """
+    from hacrl_megatron.sockets import use_short_multiprocessing_dir
+
+    use_short_multiprocessing_dir()  # a CPU tensor's fd goes over a Unix socket in multiprocessing's folder
     buf = io.BytesIO()
     _uuid_pickler_class(reduce)(buf, pickle.HIGHEST_PROTOCOL).dump([(str(n), t) for n, t in tensors])
     return base64.b64encode(buf.getvalue()).decode("ascii")

@@ -164,6 +164,8 @@ def start_local_ray() -> None:
     cores prestarting idle workers only slows the start."""
     import ray
 
+    from hacrl_megatron.sockets import ray_temp_dir
+
     torch.set_num_threads(1)
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False,
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp_dir(),
              _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})

@@ -37,16 +37,18 @@ def test_config_error_quotes_a_long_missing_path_whole(tmp_path):
 
 
 def test_one_line_text_never_cuts_inside_a_quoted_path():
-    message = "[Errno 2] No such file or directory: " + repr(LONG_DIR + "/config.json") + " while loading"
-    cut = one_line_text(message, limit=60)
-    assert repr(LONG_DIR + "/config.json") in cut and cut.endswith("...")
-    assert cut == message[: message.index(" while")] + "..."
+    quoted = repr(LONG_DIR + "/config.json")
+    message = "[Errno 2] No such file or directory: " + quoted + " while loading " + "w" * 100
+    cut = one_line_text(message, limit=60)  # the path does not count: the reason after it is still shown
+    assert cut == message[: message.index(quoted) + len(quoted) + 60 - len("[Errno 2] No such file or directory: ")] + "..."
+    assert quoted + " while loading" in cut
 
 
 def test_one_line_text_never_cuts_inside_an_unquoted_path_word():
     path = "/tmp/" + "y" * 400 + "/weights.safetensors"
-    cut = one_line_text(f"cannot open {path} now: it is gone", limit=40)
-    assert cut == f"cannot open {path}..."
+    assert one_line_text(f"cannot open {path} now: it is gone", limit=40) == f"cannot open {path} now: it is gone"
+    cut = one_line_text(f"cannot open {path} now: " + "z" * 100, limit=40)
+    assert cut == f"cannot open {path} now: " + "z" * (40 - len("cannot open  now: ")) + "..."
 
 
 def test_one_line_text_cuts_plain_text_and_joins_lines():

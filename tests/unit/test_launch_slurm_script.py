@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import os
 import re
+import shlex
 import shutil
 import stat
 import subprocess
@@ -191,7 +192,8 @@ def fake_slurm(tmp_path, monkeypatch):
     """sbatch / squeue / sacct stand-ins on PATH: sbatch records its arguments and prints a job id."""
     bindir = tmp_path / "bin"
     bindir.mkdir()
-    (bindir / "sbatch").write_text(f"#!/bin/bash\nprintf '%s\\n' \"$@\" > {tmp_path / 'sbatch_args'}\necho 4242\n")
+    (bindir / "sbatch").write_text(f"#!/bin/bash\nprintf '%s\\n' \"$@\" > {shlex.quote(str(tmp_path / 'sbatch_args'))}\n"
+                                   "echo 4242\n")
     for name in ("squeue", "sacct"):
         (bindir / name).write_text("#!/bin/bash\nexit 0\n")
     for f in bindir.iterdir():
@@ -242,7 +244,9 @@ def test_job_files_are_where_sbatch_reads_them(fake_slurm, tmp_path, capsys):
     (submitted,) = [a for a in fake_slurm.read_text().splitlines() if a.endswith("_sbatch.sh")]
     assert Path(submitted).is_file() and Path(submitted).is_relative_to(tmp_path / "exp" / "experiments")
     sbatch = Path(submitted).read_text()
-    assert f"#SBATCH --output={tmp_path / 'exp' / 'experiments' / 'h70'}/" in sbatch
+    folder = str(tmp_path / "exp" / "experiments" / "h70")
+    quote = "'" if shlex.quote(folder) != folder else ""  # NeMo-Run quotes a path with a space (sbatch unquotes it)
+    assert f"#SBATCH --output={quote}{folder}/" in sbatch
     assert _launch(tmp_path, "--container-image", "img:1", "--base-dir", str(tmp_path / "other"), submit=True) == 2
     assert "--job-dir and --base-dir: a Slurm job submitted from this machine keeps its files in one folder" in \
         capsys.readouterr().err
