@@ -427,6 +427,7 @@ def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) ->
         try:
             if not exp.checkpoint.resume:
                 run.peers.check_fresh()  # records of this agent under the run id belong to an earlier run
+            run.peers.join_run()  # the run's nonce: records of an earlier run of this run id are refused
             run.peers.take_agent()  # another job of this agent (or this one before a restart) stops at its publish
         except BaseException as err:
             close_all([run.source.close, run.verifier.close, run.peers.close, *(rt.close for rt in run.runtimes)],

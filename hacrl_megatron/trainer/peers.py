@@ -19,8 +19,6 @@ the step it publishes.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import os
 import secrets
@@ -37,6 +35,7 @@ from hacrl_megatron.exchange.records import Trajectory
 from hacrl_megatron.exchange.remote import ExchangeStore, PeerRecord, open_store
 from hacrl_megatron.exchange.remote.record import refusal
 from hacrl_megatron.exchange.retokenize import batch_decode
+from hacrl_megatron.trainer.run_identity import digest_of, mismatch, shared_config_fields
 from hacrl_megatron.trainer.stages import StepData
 
 logger = logging.getLogger(__name__)
@@ -67,17 +66,9 @@ def exchange_run_id(exp: ExperimentConfig) -> str:
     return exp.exchange.run_id or exp.name
 
 
-def shared_config_digest(exp: ExperimentConfig) -> str:
-    """sha256 of the settings every job of one run must share: the agents (names, order), the algorithm
-    (``hacpo.*``), what a step samples (seed, prompts per step, rollout mode, the sampling settings and
-    the exchange's eos rule) — not where each job runs, writes or reads its files."""
-    r, t = exp.rollout, exp.train
-    shared = {"agents": [a.name for a in exp.agents], "hacpo": dataclasses.asdict(exp.hacpo),
-              "train": {k: getattr(t, k) for k in ("seed", "prompts_per_step", "rollout_mode", "max_staleness")},
-              "rollout": {k: getattr(r, k) for k in ("samples_per_prompt", "temperature", "top_p", "max_prompt_len",
-                                                      "max_response_len", "eos_mode")},
-              "data": {k: getattr(exp.data, k) for k in ("task", "difficulty", "seed")}}
-    return "sha256:" + hashlib.sha256(json.dumps(shared, sort_keys=True).encode()).hexdigest()
+def version_lag(exp: ExperimentConfig) -> int:
+    """How many weight versions a step's rollouts may lag behind the step (docs/algorithm.md §7b)."""
+    return {"sync": 0, "one_step_off": 1}.get(exp.train.rollout_mode, exp.train.max_staleness)
 
 
 def open_exchange_store(exp: ExperimentConfig) -> ExchangeStore:
@@ -98,7 +89,10 @@ class PeerExchange:
     def __init__(self, exp: ExperimentConfig, agents: list[Any], own: Any, store: ExchangeStore) -> None:
         self.exp, self.agents, self.own, self.store = exp, agents, own, store
         self.peers = [a for a in agents if a.index != own.index]
-        self.digest = shared_config_digest(exp)
+        self.config_fields = shared_config_fields(exp)
+        self.digest = digest_of(self.config_fields)
+        self.lag = version_lag(exp)
+        self._last_version: dict[str, int] = {}  # per peer: the newest weights version of a record used
         self.gspo = build_algorithm(dataclasses.replace(exp.hacpo, algorithm="gspo"), len(agents))
         # this job's id in the agent's claim: another job that claims the agent later takes it over
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
@@ -116,6 +110,12 @@ class PeerExchange:
                              f"{self.own.name!r}'s records of steps {found[0]}..{found[-1]} from an earlier run: set "
                              "another exchange.run_id, delete those records, or continue that run with "
                              "checkpoint.resume=true")
+
+    def join_run(self) -> None:
+        """Join the exchange's current run (a fresh job starts a new one where its agent took part in the
+        newest): every record published carries the run's nonce and records of another are refused."""
+        nonce = self.store.join_run(self.own.name, fresh=not self.exp.checkpoint.resume)
+        logger.info("exchange run %r (%s): run nonce %s", self.store.run_id, self._where(), nonce)
 
     def take_agent(self) -> None:
         """Claim this job's agent in the exchange (a job of the same agent running elsewhere stops at its next
@@ -144,7 +144,8 @@ class PeerExchange:
             prompt_ids=[p.id for p in data.prompts], trajectories=trajs,
             positive_rate=positive_rate(data.rewards[:, 0]),
             texts=batch_decode(own.tokenizer, [list(t.token_ids) for t in trajs]),
-            logp_sums=None if stale is None else [float(v) for v in stale.tolist()], config_digest=self.digest)
+            logp_sums=None if stale is None else [float(v) for v in stale.tolist()], config_digest=self.digest,
+            config_fields=self.config_fields, run_nonce=self.store.run_nonce)
         self.store.publish(record)
 
     def gather(self, step: int) -> tuple[dict[str, PeerRecord], list[str]]:
@@ -194,11 +195,21 @@ class PeerExchange:
         """A record that passed the store's checks but cannot be this step's: refuse, naming the field."""
         origin = f"step {step}"
         if record.config_digest != self.digest:
+            differs = mismatch(self.config_fields, record.config_fields)
+            named = (f"they differ on {differs} (its setting's digest {record.config_fields.get(differs)!r}, this "
+                     f"job's {self.config_fields.get(differs)!r})" if differs and record.config_fields else
+                     "the record names no settings")
             raise ExchangeMismatch(str(refusal(
                 record.agent, origin, "config_digest",
-                f"{record.config_digest!r}, this job's is {self.digest!r}: the jobs run different configurations "
-                "(agents, hacpo.*, the sampling settings, train.seed/prompts_per_step/rollout_mode or the data task "
-                "differ)")))
+                f"{record.config_digest!r}, this job's is {self.digest!r}: the jobs run different configurations; "
+                f"{named}")))
+        low, last = max(0, step - self.lag), self._last_version.get(record.agent, 0)
+        if not low <= record.weights_version <= step or record.weights_version < last:
+            raise ExchangeMismatch(str(refusal(
+                record.agent, origin, "weights_version",
+                f"{record.weights_version}; a record of step {step} must come from weights {low}..{step} "
+                f"(train.rollout_mode={self.exp.train.rollout_mode}) and no older than the {last} of its last record")))
+        self._last_version[record.agent] = record.weights_version
         ids = [p.id for p in data.prompts]
         if list(record.prompt_ids) != ids:
             raise ExchangeMismatch(str(refusal(record.agent, origin, "prompt_ids",
@@ -228,10 +239,7 @@ def _trajectories(record: PeerRecord, data: StepData) -> list[Trajectory]:
             record.prompt_ids, record.responses, record.finish_reasons, record.rewards, record.logp_sums,
             record.lengths, record.response_tokens):
         for text, finish, reward, logp, length, count in zip(texts, finishes, rewards, sums, lens, counts):
-            if length > count + (finish == "eos"):
-                raise ExchangeMismatch(str(refusal(record.agent, f"step {record.step}", "lengths",
-                                                   f"L_j {length} exceeds the response's {count} tokens"
-                                                   f"{' + eos' if finish == 'eos' else ''}")))
+            # L_j <= the response's tokens (+ eos) was checked with the record (record._check_consistency)
             out.append(Trajectory(prompt_id=pid, source=record.agent, prompt_text=questions[pid], response_text=text,
                                   token_ids=(), finish_reason=finish, reward=reward, source_len=length,
                                   policy_version=record.weights_version, source_logp_sum=logp, remote_tokens=count))

@@ -82,13 +82,18 @@ def assert_same_as_one_process(jobs: dict[str, Path], joint: Path) -> None:
 def test_separate_jobs_through_a_shared_folder_equal_the_one_process_run(one_process, tmp_path):
     exchange = ["exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}", "exchange.wait_s=300"]
     assert_same_as_one_process(run_jobs(tmp_path, exchange), one_process)
-    # one human-readable record per (step, agent) (kept: fewer steps than exchange.keep_steps, 8), and each
-    # job's claim of its agent
-    records = sorted(p.name for p in (tmp_path / "exchange" / "cpu_demo").iterdir())
+    # one human-readable record per (step, agent) (kept: fewer steps than exchange.keep_steps, 8), each
+    # job's claim of its agent, and the run documents: the first job drew the nonce, the second joined it
+    folder = tmp_path / "exchange" / "cpu_demo"
+    records = sorted(p.name for p in folder.iterdir())
     assert records == sorted([f"step-{s:08d}.{a}.json" for s in range(STEPS) for a in AGENTS]
-                             + [f"claim.{a}" for a in AGENTS])
-    first = json.loads((tmp_path / "exchange" / "cpu_demo" / "step-00000000.qwen3.json").read_text())
+                             + [f"claim.{a}" for a in AGENTS] + ["run.00000001.json", "run.00000002.json"])
+    joined = json.loads((folder / "run.00000002.json").read_text())
+    assert sorted(joined["agents"]) == sorted(AGENTS)
+    assert json.loads((folder / "run.00000001.json").read_text())["nonce"] == joined["nonce"]
+    first = json.loads((folder / "step-00000000.qwen3.json").read_text())
     assert first["agent"] == "qwen3" and len(first["responses"]) == 16 and len(first["responses"][0]) == 8
+    assert first["run_nonce"] == joined["nonce"] and "data.checker" in first["config_fields"]
 
 
 @pytest.mark.redis

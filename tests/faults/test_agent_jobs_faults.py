@@ -35,6 +35,9 @@ def rows(folder: Path) -> list[dict]:
     return [json.loads(line) for line in (folder / "metrics.jsonl").read_text().splitlines()]
 
 
+KEY = b"9f3c1a7e5b2d8064c1e9a3f7b5d20861"  # 32 bytes of 16 distinct values: a real key, not a pattern
+
+
 def key_file(path: Path, content: bytes) -> Path:
     path.write_bytes(content)
     path.chmod(0o600)
@@ -42,7 +45,7 @@ def key_file(path: Path, content: bytes) -> Path:
 
 
 def test_forged_damaged_and_unsigned_records_are_refused_naming_their_author(tmp_path):
-    key = key_file(tmp_path / "exchange.key", b"k" * 32)
+    key = key_file(tmp_path / "exchange.key", KEY)
     folder = tmp_path / "ex" / "cpu_demo"
     folder.mkdir(parents=True)
     store = SharedDirStore(tmp_path / "ex", "cpu_demo")  # no key: writes unsigned records, as an intruder would
@@ -50,7 +53,7 @@ def test_forged_damaged_and_unsigned_records_are_refused_naming_their_author(tmp
     forged = make_record(step=1, agent="qwen3", run_id="cpu_demo").to_dict()
     forged["hmac_sha256"] = sign(forged, b"another-key-of-32-bytes-xxxxxxxxx")  # signed with another key
     (folder / "step-00000001.qwen3.json").write_text(json.dumps(forged))
-    (folder / "step-00000002.qwen3.json").write_text('{"format": "hacrl-exchange/1", "run_id": "cpu_d')  # truncated
+    (folder / "step-00000002.qwen3.json").write_text('{"format": "hacrl-exchange/2", "run_id": "cpu_d')  # truncated
     done = hacrl_train(["--agent", "llama", *BASE, "train.steps=3", f"output_dir={tmp_path / 'llama'}",
                         *shared(tmp_path, f"exchange.key_file={key}", "exchange.wait_s=1",
                                 "exchange.on_missing=alone")], tmp_path)
@@ -66,20 +69,35 @@ def test_forged_damaged_and_unsigned_records_are_refused_naming_their_author(tmp
     assert [r["llama/exchange/peers_missing"] for r in trained] == [1.0, 1.0, 1.0]  # each step trained alone
     assert all("llama/omega/qwen3" in r for r in trained)
     # this job's own records are signed with the key: a reader with the key accepts them
-    with SharedDirStore(tmp_path / "ex", "cpu_demo", key=b"k" * 32) as reader:
+    with SharedDirStore(tmp_path / "ex", "cpu_demo", key=KEY) as reader:
         assert reader.read(2, "llama").agent == "llama"
 
 
-def test_a_record_of_another_configuration_stops_the_job_naming_its_author(tmp_path):
+@pytest.mark.parametrize("setting, differs", [
+    ("data.checker", "a checker that returns 1.0 for every response"),
+    ("data.path (file content)", "another data file whose ids coincide"),
+    ("train.verifier_mode", "math_verify instead of math"),
+])
+def test_a_record_of_another_configuration_stops_the_job_naming_the_setting(tmp_path, setting, differs):
+    """The peer (qwen3) joined the run first and published step 0 with one setting that decides the
+    reward or the data changed: the llama job stops at its first step naming that setting."""
+    from hacrl_megatron.config import load_config
+    from hacrl_megatron.trainer.run_identity import digest_of, shared_config_fields
+
+    fields = shared_config_fields(load_config("cpu_demo", BASE))
+    assert setting in fields
+    fields[setting] = "0" * 16  # the peer's value of the setting: ``differs``
     store = SharedDirStore(tmp_path / "ex", "cpu_demo")
-    store.publish(make_record(step=0, agent="qwen3", run_id="cpu_demo", config_digest="sha256:not-this-run"))
+    store.join_run("qwen3", fresh=True)
+    store.publish(make_record(step=0, agent="qwen3", run_id="cpu_demo", weights_version=0, run_nonce=store.run_nonce,
+                              config_digest=digest_of(fields), config_fields=fields))
     done = hacrl_train(["--agent", "llama", *BASE, "train.steps=2", f"output_dir={tmp_path / 'llama'}",
                         *shared(tmp_path, "exchange.wait_s=30")], tmp_path)
     assert done.returncode == 2, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("hacrl: exchange record of agent 'qwen3' refused (step 0): field 'config_digest': "
-                           "'sha256:not-this-run', this job's is 'sha256:"), last
-    assert "the jobs run different configurations" in last
+                           f"'{digest_of(fields)}', this job's is 'sha256:"), last
+    assert f"the jobs run different configurations; they differ on {setting} (its setting's digest '0000" in last
 
 
 @pytest.mark.parametrize("args, message", [

@@ -22,7 +22,7 @@ KEY = b"0123456789abcdef0123456789abcdef"
 
 
 def make_record(step: int = 4, agent: str = "agent1", run_id: str = "run-a", **over) -> PeerRecord:
-    fields = dict(run_id=run_id, step=step, agent=agent, weights_version=3, prompt_ids=["p0", "p1"],
+    fields = dict(run_id=run_id, step=step, agent=agent, weights_version=min(3, step), prompt_ids=["p0", "p1"],
                   responses=[["The answer is \\boxed{4}.", "ünïcode ✓ 5"], ["", "7"]],
                   finish_reasons=[["eos", "length"], ["eos", "eos"]], rewards=[[1.0, 0.0], [0.0, 1.0]],
                   logp_sums=[[-3.25, -17.5], [-0.125, -1e-9]], lengths=[[9, 12], [1, 2]],
@@ -129,7 +129,7 @@ def test_nan_reward_refused_even_as_a_literal():
 
 
 def test_oversized_refused_before_parsing():
-    record = make_record(responses=[["x" * 5000, "y"], ["z", "w"]])
+    record = make_record(responses=[["x" * 5000, "y"], ["z", "w"]], response_tokens=[[5000, 12], [1, 1]])
     data = record.to_json()
     small = Limits(max_bytes=len(data) - 1)
     with pytest.raises(ExchangeRecordError, match=r"agent 'agent1'.*field 'record'.*larger than the limit"):
@@ -210,25 +210,36 @@ def test_from_trajectories_groups_by_prompt():
 
 
 def test_any_valid_record_round_trips_signed():
-    """Arbitrary text (any code point but lone surrogates) and any finite float (−0.0, subnormals,
-    1e308) come back equal, and the signature still verifies after the JSON round trip."""
+    """Arbitrary text (any code point but lone surrogates) and any float a valid record may hold (−0.0,
+    subnormals, rewards in [0, 1], log-prob sums down to -1e4 per token) come back equal, and the
+    signature still verifies after the JSON round trip."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=40)
-    number = st.floats(allow_nan=False, allow_infinity=False)
 
     @st.composite
     def records(draw):
         sizes = draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
         grid = lambda values: [[draw(values) for _ in range(g)] for g in sizes]  # noqa: E731
-        return PeerRecord(run_id="run-a", step=draw(st.integers(0, 10**9)), agent="agent1",
-                          weights_version=draw(st.integers(0, 10**9)),
-                          prompt_ids=[f"p{i}" for i in range(len(sizes))], responses=grid(text),
-                          finish_reasons=grid(st.sampled_from(["eos", "length"])), rewards=grid(number),
-                          logp_sums=grid(number), lengths=grid(st.integers(0, 4096)),
-                          response_tokens=grid(st.integers(0, 4096)), positive_rate=draw(st.floats(0.0, 1.0)),
-                          config_digest=draw(st.text(alphabet="0123456789abcdef:sha", max_size=80)))
+        responses = grid(text)
+        tokens = [[draw(st.integers(len(t), 4096)) for t in row] for row in responses]  # >= 1 char per token
+        finishes = grid(st.sampled_from(["eos", "length"]))
+        lengths = [[draw(st.integers(1 if c + (f == "eos") else 0, c + (f == "eos"))) for c, f in zip(tr, fr)]
+                   for tr, fr in zip(tokens, finishes)]
+        sums = [[draw(st.floats(-1e4 * n, 0.0)) if n else 0.0 for n in row] for row in lengths]
+        rewards = grid(st.floats(0.0, 1.0))
+        flat = [r for row in rewards for r in row]
+        step = draw(st.integers(0, 10**9))
+        return PeerRecord(run_id="run-a", step=step, agent="agent1", weights_version=draw(st.integers(0, step)),
+                          prompt_ids=[f"p{i}" for i in range(len(sizes))], responses=responses,
+                          finish_reasons=finishes, rewards=rewards, logp_sums=sums, lengths=lengths,
+                          response_tokens=tokens, positive_rate=sum(r > 0 for r in flat) / len(flat),
+                          config_digest=draw(st.text(alphabet="0123456789abcdef:sha", max_size=80)),
+                          config_fields=draw(st.dictionaries(st.sampled_from(["data.task", "hacpo.alpha"]),
+                                                             st.text(alphabet="0123456789abcdef", min_size=1,
+                                                                     max_size=16))),
+                          run_nonce=draw(st.text(alphabet="0123456789abcdef", max_size=32)))
 
     @settings(max_examples=30, deadline=None)
     @given(records())

@@ -80,9 +80,9 @@ def test_round_trip_between_two_jobs(make_store):
     assert reader.read(8, "agent1") is None
     result = reader.wait_for(7, ["agent1", "agent2"], wait_s=5)
     assert result.complete and result.records == {"agent1": a1, "agent2": a2} and result.waited_s < 1
-    republished = make_record(step=7, agent="agent1", run_id=writer.run_id, weights_version=9)
+    republished = make_record(step=7, agent="agent1", run_id=writer.run_id, weights_version=6)
     writer.publish(republished)  # a rerun of the step replaces the record whole
-    assert reader.read(7, "agent1").weights_version == 9
+    assert reader.read(7, "agent1").weights_version == 6
 
 
 @pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
@@ -166,7 +166,8 @@ def test_damaged_record_refused_naming_author(make_store, damage, field):
 
 @pytest.mark.parametrize("make_store", BACKENDS, indirect=True)
 def test_oversized_record_refused(make_store):
-    record = make_record(step=0, agent="agent2", responses=[["x" * 4000, "y"], ["z", "w"]])
+    record = make_record(step=0, agent="agent2", responses=[["x" * 4000, "y"], ["z", "w"]],
+                         response_tokens=[[4000, 12], [1, 1]])
     limit = len(record.to_json()) - 10
     store = make_store(record.run_id, limits=Limits(max_bytes=limit))
     with pytest.raises(ValueError, match="more than the limit"):
@@ -247,14 +248,18 @@ WRITER = textwrap.dedent("""
     from hacrl_megatron.exchange.remote import open_store
     from tests.unit.test_peer_exchange_record import make_record
     backend, options, run_id, agent, rounds = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5])
+    CONTENDED = 1000  # the step both writers rewrite (a step no older than any weights version written)
     store = open_store(backend, run_id, **options)
     for i in range(rounds):
         # alternate a long and a short record at the same (step, agent): a torn read would show
         text = "x" * (20000 if i % 2 else 10)
-        store.publish(make_record(step=0, agent=agent, run_id=run_id, weights_version=i,
-                                  responses=[[text, agent], ["a", "b"]]))
+        store.publish(make_record(step=CONTENDED, agent=agent, run_id=run_id, weights_version=i,
+                                  responses=[[text, agent], ["a", "b"]], response_tokens=[[len(text), 12], [1, 1]]))
         store.publish(make_record(step=1 + i % 3, agent=agent, run_id=run_id))
 """)
+
+
+CONTENDED = 1000  # as in WRITER
 
 
 @pytest.mark.parametrize("backend", ["shared_dir", pytest.param("redis", marks=pytest.mark.redis)])
@@ -272,7 +277,7 @@ def test_two_writer_processes_and_a_reader_never_see_a_partial_record(backend, t
     try:
         while any(p.poll() is None for p in procs):
             for agent in ("agent1", "agent2"):
-                record = store.read(0, agent)  # raises on a partial or mixed record
+                record = store.read(CONTENDED, agent)  # raises on a partial or mixed record
                 if record is not None:
                     reads += 1
                     assert record.responses[0][1] == agent
@@ -281,12 +286,12 @@ def test_two_writer_processes_and_a_reader_never_see_a_partial_record(backend, t
         errors = [p.communicate(timeout=60)[1].decode() for p in procs]
     assert [p.returncode for p in procs] == [0, 0], errors
     assert reads > 0
-    final = store.wait_for(0, ["agent1", "agent2"], wait_s=0)
+    final = store.wait_for(CONTENDED, ["agent1", "agent2"], wait_s=0)
     assert final.complete and {r.weights_version for r in final.records.values()} == {rounds - 1}
-    assert all(store.read(s, a) is not None for s in range(4) for a in ("agent1", "agent2"))
+    assert all(store.read(s, a) is not None for s in (CONTENDED, 1, 2, 3) for a in ("agent1", "agent2"))
     if backend == "shared_dir":  # no temporary file left behind
         assert sorted(p.name for p in (tmp_path / "ex" / run_id).iterdir()) == sorted(
-            f"step-{s:08d}.{a}.json" for s in range(4) for a in ("agent1", "agent2"))
+            f"step-{s:08d}.{a}.json" for s in (CONTENDED, 1, 2, 3) for a in ("agent1", "agent2"))
     store.close()
 
 

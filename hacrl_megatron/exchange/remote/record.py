@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.records import FINISH_REASONS, Trajectory
 from hacrl_megatron.exchange.remote.signing import SIGNATURE_FIELD, sign, verify
 
-FORMAT = "hacrl-exchange/1"
+FORMAT = "hacrl-exchange/2"
+REWARD_RANGE = (0.0, 1.0)  # the shared verifier's rewards (a checker's data.reward_range is mapped onto it)
+LOGP_ROUNDING_NATS = 1e-3  # a log-prob sum is <= 0; this much above 0 is accepted as float rounding
+MIN_LOGP_PER_TOKEN = -1e4  # nats: far below any token of a real softmax, far above a value meant to break eq. 11
+MAX_CHARS_PER_TOKEN = 256  # no tokenizer's token decodes to more characters (the longest are runs of spaces)
+POSITIVE_RATE_TOLERANCE = 1e-6  # the author computes its rate as a float32 mean
 
 
 class ExchangeRecordError(InputError):
@@ -79,8 +85,13 @@ class PeerRecord:
         positive_rate: the author's share of responses with a positive reward this step, in [0, 1]
             (the capability tracker's input).
         config_digest: a digest of the configuration every job of the run must share
-            (:func:`hacrl_megatron.trainer.peers.shared_config_digest`); a record of a job with another
-            algorithm, data stream or agent list is refused. "" where the writer checks none.
+            (:func:`hacrl_megatron.trainer.run_identity.shared_config_digest`); a record of a job with
+            another algorithm, data, reward or agent list is refused. "" where the writer checks none.
+        config_fields: setting name → short digest of its value, the settings ``config_digest``
+            covers, so that a reader names the setting two jobs disagree on. {} where the writer checks none.
+        run_nonce: drawn by the run's first fresh job and shared by all of them (the exchange's run
+            document); a reader refuses a record of another nonce (an earlier run of the same run id,
+            replayed or left over). "" where the writer uses none.
     """
 
     run_id: str
@@ -96,6 +107,8 @@ class PeerRecord:
     response_tokens: tuple[tuple[int, ...], ...]
     positive_rate: float
     config_digest: str = ""
+    config_fields: Mapping[str, str] = field(default_factory=dict)
+    run_nonce: str = ""
 
     def __post_init__(self) -> None:
         _check_fields(self.to_dict(), self.agent, "constructor", DEFAULT_LIMITS)
@@ -106,6 +119,7 @@ class PeerRecord:
                       tuple(tuple(cast(v) for v in g) if cast else tuple(g) for g in value))
             object.__setattr__(self, name, frozen)
         object.__setattr__(self, "positive_rate", float(self.positive_rate))
+        object.__setattr__(self, "config_fields", MappingProxyType(dict(self.config_fields)))
 
     @property
     def num_responses(self) -> int:
@@ -120,7 +134,8 @@ class PeerRecord:
                 "rewards": [list(g) for g in self.rewards], "logp_sums": [list(g) for g in self.logp_sums],
                 "lengths": [list(g) for g in self.lengths],
                 "response_tokens": [list(g) for g in self.response_tokens], "positive_rate": self.positive_rate,
-                "config_digest": self.config_digest}
+                "config_digest": self.config_digest, "config_fields": dict(self.config_fields),
+                "run_nonce": self.run_nonce}
 
     def to_json(self, key: bytes | None = None) -> bytes:
         """Canonical JSON bytes, one field per line for readers, signed with ``key`` when given."""
@@ -133,7 +148,8 @@ class PeerRecord:
     def from_trajectories(cls, *, run_id: str, step: int, agent: str, weights_version: int,
                           prompt_ids: Sequence[str], trajectories: Sequence[Trajectory],
                           positive_rate: float, texts: Sequence[str] | None = None,
-                          logp_sums: Sequence[float] | None = None, config_digest: str = "") -> PeerRecord:
+                          logp_sums: Sequence[float] | None = None, config_digest: str = "",
+                          config_fields: Mapping[str, str] | None = None, run_nonce: str = "") -> PeerRecord:
         """Group ``agent``'s trajectories of one step by prompt, in ``prompt_ids`` order.
 
         Every trajectory must come from ``agent``, answer one of ``prompt_ids`` and carry its
@@ -164,17 +180,18 @@ class PeerRecord:
                    logp_sums=tuple(tuple(float(logp_of[id(t)]) for t in g) for g in rows),
                    lengths=tuple(tuple(int(t.source_len) for t in g) for g in rows),
                    response_tokens=tuple(tuple(t.num_tokens for t in g) for g in rows), positive_rate=positive_rate,
-                   config_digest=config_digest)
+                   config_digest=config_digest, config_fields=dict(config_fields or {}), run_nonce=run_nonce)
 
 
 def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str, key: bytes | None = None,
-                 limits: Limits = DEFAULT_LIMITS) -> PeerRecord:
+                 limits: Limits = DEFAULT_LIMITS, run_nonce: str = "") -> PeerRecord:
     """Check ``data`` (one record's JSON bytes) and build the record, or raise :class:`ExchangeRecordError`.
 
     ``run_id``/``step``/``agent``: what the reader expects (the author is known from where the record
     was found, so a record that cannot even be parsed is still refused naming its author).
     ``origin``: where it was read (a file path, a Redis key), for the message. ``key``: the shared HMAC
-    key; when given, a record without a valid signature is refused.
+    key; when given, a record without a valid signature is refused. ``run_nonce``: this run's nonce;
+    when given, a record carrying another one is refused.
     """
     if len(data) > limits.max_bytes:
         # readers stop at max_bytes + 1 bytes, so the true size is not known here
@@ -194,6 +211,9 @@ def parse_record(data: bytes, *, run_id: str, step: int, agent: str, origin: str
     for name, want in (("run_id", run_id), ("step", step), ("agent", agent)):
         if obj[name] != want:
             raise refusal(agent, origin, name, f"{obj[name]!r}, expected {want!r}")
+    if run_nonce and obj["run_nonce"] != run_nonce:
+        raise refusal(agent, origin, "run_nonce", f"{obj['run_nonce']!r}, this run's is {run_nonce!r}: a record of an "
+                                                  "earlier run of this run id (left over or replayed)")
     obj.pop("format")
     return PeerRecord(**obj)
 
@@ -202,7 +222,7 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
     """Every field present, of its type, inside ``limits``, finite; nothing else. Raises one line."""
     expected = {"format", "run_id", "step", "agent", "weights_version", "prompt_ids", "responses",
                 "finish_reasons", "rewards", "logp_sums", "lengths", "response_tokens", "positive_rate",
-                "config_digest"}
+                "config_digest", "config_fields", "run_nonce"}
     missing, extra = sorted(expected - obj.keys()), sorted(obj.keys() - expected)
     if missing:
         raise refusal(agent, origin, missing[0], "missing")
@@ -213,6 +233,8 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
     for name in ("run_id", "agent"):
         _check_str(obj[name], agent, origin, name, 256)
     _check_str(obj["config_digest"], agent, origin, "config_digest", 128, allow_empty=True)
+    _check_str(obj["run_nonce"], agent, origin, "run_nonce", 64, allow_empty=True)
+    _check_config_fields(obj["config_fields"], agent, origin)
     for name in ("step", "weights_version"):
         _check_int(obj[name], agent, origin, name, 0, 1 << 62)
     _check_number(obj["positive_rate"], agent, origin, "positive_rate", 0.0, 1.0)
@@ -230,6 +252,7 @@ def _check_fields(obj: dict[str, Any], agent: str, origin: str, limits: Limits) 
         for g, text in enumerate(group):
             _check_str(text, agent, origin, f"responses[{p}][{g}]", limits.max_text_chars, allow_empty=True)
     _check_grids(obj, agent, origin, [len(g) for g in groups], limits)
+    _check_consistency(obj, agent, origin)
 
 
 def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int], limits: Limits) -> None:
@@ -249,8 +272,47 @@ def _check_grids(obj: dict[str, Any], agent: str, origin: str, shape: list[int],
                         raise refusal(agent, origin, field, f"{value!r}, expected one of {list(FINISH_REASONS)}")
                 elif name in ("lengths", "response_tokens"):
                     _check_int(value, agent, origin, field, 0, limits.max_tokens)
+                elif name == "rewards":
+                    _check_number(value, agent, origin, field, *REWARD_RANGE)
                 else:
-                    _check_number(value, agent, origin, field, -math.inf, math.inf)
+                    _check_number(value, agent, origin, field, -math.inf, LOGP_ROUNDING_NATS)
+
+
+def _check_consistency(obj: dict[str, Any], agent: str, origin: str) -> None:
+    """The numbers of each response agree with each other and with the record: L_j covers at most the
+    response's tokens (+ its eos), a sum over L_j tokens lies in [L_j · MIN_LOGP_PER_TOKEN, 0] (0 for
+    no token), the text is no longer than its tokens can decode to, the weights are no newer than the
+    step, and the positive rate is the share of positive rewards (the capability tracker reads it)."""
+    if obj["weights_version"] > obj["step"]:
+        raise refusal(agent, origin, "weights_version", f"{obj['weights_version']} is newer than the record's step "
+                                                        f"{obj['step']} (weights cannot sample before they exist)")
+    for p, row in enumerate(obj["lengths"]):
+        for g, length in enumerate(row):
+            count, finish = obj["response_tokens"][p][g], obj["finish_reasons"][p][g]
+            logp, chars = obj["logp_sums"][p][g], len(obj["responses"][p][g])
+            if length > count + (finish == "eos"):
+                raise refusal(agent, origin, f"lengths[{p}][{g}]", f"L_j {length} exceeds the response's {count} "
+                                                                   f"tokens{' + eos' if finish == 'eos' else ''}")
+            if logp < MIN_LOGP_PER_TOKEN * max(length, 1) or (length == 0 and logp != 0):
+                raise refusal(agent, origin, f"logp_sums[{p}][{g}]",
+                              f"{logp!r} over L_j={length} tokens; must lie in [{MIN_LOGP_PER_TOKEN:g} x L_j, 0] "
+                              "(a log-probability sum; 0 over no token)")
+            if chars > MAX_CHARS_PER_TOKEN * count:
+                raise refusal(agent, origin, f"responses[{p}][{g}]",
+                              f"{chars} characters from {count} tokens; at most {MAX_CHARS_PER_TOKEN} per token")
+    rewards = [r for row in obj["rewards"] for r in row]
+    share = sum(r > 0 for r in rewards) / len(rewards)
+    if abs(obj["positive_rate"] - share) > POSITIVE_RATE_TOLERANCE:
+        raise refusal(agent, origin, "positive_rate", f"{obj['positive_rate']!r}, but {share:g} of the record's "
+                                                      "rewards are positive")
+
+
+def _check_config_fields(fields: Any, agent: str, origin: str) -> None:
+    if not isinstance(fields, dict) or len(fields) > 256:
+        raise refusal(agent, origin, "config_fields", "must be a mapping of at most 256 settings")
+    for name, value in fields.items():
+        _check_str(name, agent, origin, "config_fields (a name)", 128)
+        _check_str(value, agent, origin, f"config_fields[{name!r}]", 128)
 
 
 def _check_str(value: Any, agent: str, origin: str, field: str, max_chars: int, allow_empty: bool = False) -> None:

@@ -20,7 +20,12 @@ from urllib.parse import urlsplit
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits
 from hacrl_megatron.exchange.remote.signing import KeyFileError, load_secret
-from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeBackendError, ExchangeStore
+from hacrl_megatron.exchange.remote.store import (
+    MAX_HOLDER_CHARS,
+    MAX_RUN_DOC_BYTES,
+    ExchangeBackendError,
+    ExchangeStore,
+)
 
 NAMESPACE = "hacrl:exchange"
 
@@ -122,6 +127,19 @@ class RedisStore(ExchangeStore):
     def _get_claim(self, agent: str) -> bytes | None:
         data = self._call("GETRANGE", self._client.getrange, self._claim_key(agent), 0, MAX_HOLDER_CHARS - 1)
         return bytes(data) if data else None
+
+    def _run_doc_key(self, generation: int) -> str:
+        return f"{NAMESPACE}:{self.run_id}:run:{generation:08d}"
+
+    def _create_run_doc(self, generation: int, data: bytes) -> bool:
+        key = self._run_doc_key(generation)
+        return bool(self._call("SET NX", lambda: self._client.set(key, data, nx=True)))
+
+    def _get_run_doc(self, generation: int) -> bytes | None:
+        key = self._run_doc_key(generation)
+        if not self._call("EXISTS", self._client.exists, key):
+            return None
+        return bytes(self._call("GETRANGE", self._client.getrange, key, 0, MAX_RUN_DOC_BYTES))
 
     def close(self) -> None:
         self._client.close()

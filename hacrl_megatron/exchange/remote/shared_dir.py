@@ -19,7 +19,12 @@ from pathlib import Path
 from hacrl_megatron.durable import OutOfSpaceError, fsync_dir
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.exchange.remote.record import DEFAULT_LIMITS, Limits, refusal
-from hacrl_megatron.exchange.remote.store import MAX_HOLDER_CHARS, ExchangeBackendError, ExchangeStore
+from hacrl_megatron.exchange.remote.store import (
+    MAX_HOLDER_CHARS,
+    MAX_RUN_DOC_BYTES,
+    ExchangeBackendError,
+    ExchangeStore,
+)
 
 _NAME_RE = re.compile(r"step-(\d{8})\.([A-Za-z_][A-Za-z0-9_]*)\.json")
 _TMP_PREFIX = ".tmp-"
@@ -57,10 +62,22 @@ class SharedDirStore(ExchangeStore):
     def _get_claim(self, agent: str) -> bytes | None:
         return self._read(self.claim_path(agent), agent, MAX_HOLDER_CHARS)
 
-    def _write(self, final: Path, data: bytes) -> None:
-        """``data`` as ``final``, whole or not at all (a temporary file fsynced and renamed over it)."""
+    def run_doc_path(self, generation: int) -> Path:
+        return self.folder / f"run.{generation:08d}.json"
+
+    def _create_run_doc(self, generation: int, data: bytes) -> bool:
+        return self._write(self.run_doc_path(generation), data, replace=False)
+
+    def _get_run_doc(self, generation: int) -> bytes | None:
+        return self._read(self.run_doc_path(generation), "run", MAX_RUN_DOC_BYTES + 1)
+
+    def _write(self, final: Path, data: bytes, replace: bool = True) -> bool:
+        """``data`` as ``final``, whole or not at all (a temporary file fsynced, then renamed over it; with
+        ``replace=False`` hard-linked to it instead, which fails when ``final`` exists: a create-only write).
+        Whether ``final`` now holds ``data``."""
         # a name no other writer (process or thread, on any host) can pick: pid plus 64 random bits
         tmp = self.folder / f"{_TMP_PREFIX}{final.name}.{os.getpid()}.{secrets.token_hex(8)}"
+        created = True
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
             try:
@@ -70,8 +87,16 @@ class SharedDirStore(ExchangeStore):
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            os.replace(tmp, final)
+            if replace:
+                os.replace(tmp, final)
+            else:
+                try:
+                    os.link(tmp, final)
+                except FileExistsError:
+                    created = False
+                os.unlink(tmp)
             fsync_dir(self.folder)  # the rename itself survives a crash of this node
+            return created
         except BaseException as err:
             try:
                 tmp.unlink(missing_ok=True)
@@ -84,6 +109,10 @@ class SharedDirStore(ExchangeStore):
     def _get(self, step: int, agent: str) -> tuple[bytes, str] | None:
         path = self.path(step, agent)
         data = self._read(path, agent, self.limits.max_bytes + 1)  # +1: an oversized file is seen as such
+        if data is None and not self.folder.is_dir():
+            # a missing folder is not a missing record: waiting on would wait for ever
+            raise ExchangeBackendError(f"exchange folder {self.folder}: gone (deleted or unmounted) while reading "
+                                       f"agent {agent!r}'s record of step {step}")
         return None if data is None else (data, str(path))
 
     def _read(self, path: Path, agent: str, limit: int) -> bytes | None:

@@ -21,6 +21,7 @@ from hacrl_megatron.errors import InputError
 
 SIGNATURE_FIELD = "hmac_sha256"
 MIN_KEY_BYTES = 16  # a shorter secret is guessable; `openssl rand -hex 32` gives 64
+MIN_DISTINCT_KEY_BYTES = 8  # fewer distinct byte values is a pattern, not a secret (32 random hex digits hold ~15)
 
 
 class KeyFileError(InputError):
@@ -28,8 +29,15 @@ class KeyFileError(InputError):
 
 
 def load_key(path: str | os.PathLike) -> bytes:
-    """The shared HMAC key (``exchange.key_file``): :func:`load_secret` with at least 16 bytes."""
-    return load_secret(path, "exchange.key_file", MIN_KEY_BYTES)
+    """The shared HMAC key (``exchange.key_file``): :func:`load_secret` with at least 16 bytes, of at least
+    :data:`MIN_DISTINCT_KEY_BYTES` distinct values (16 equal bytes, or ``abab...``, is refused)."""
+    key = load_secret(path, "exchange.key_file", MIN_KEY_BYTES)
+    distinct = len(set(key))
+    if distinct < MIN_DISTINCT_KEY_BYTES:
+        raise KeyFileError(f"exchange.key_file {path}: {len(key)} bytes of only {distinct} distinct value(s), a "
+                           f"pattern anyone can guess (at least {MIN_DISTINCT_KEY_BYTES} needed); make one with "
+                           "`openssl rand -hex 32 > FILE`")
+    return key
 
 
 def load_secret(path: str | os.PathLike, what: str, min_bytes: int) -> bytes:

@@ -13,8 +13,10 @@ wait ends (a peer's later atomic write does); :class:`WaitResult` reports both.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
+import secrets
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -29,6 +31,7 @@ from hacrl_megatron.exchange.remote.record import (
     PeerRecord,
     parse_record,
 )
+from hacrl_megatron.exchange.remote.signing import SIGNATURE_FIELD, sign, verify
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +40,14 @@ RUN_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 AGENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")  # the config's identifier rule, ASCII only
 POLL_FIRST_S, POLL_MAX_S = 0.01, 0.25  # poll back-off: quick when peers are close, cheap when they are far
 MAX_HOLDER_CHARS = 256  # a job's id in a claim (host, pid, random part)
+MAX_RUN_DOC_BYTES = 64 << 10  # the run document: a nonce and the agents that joined it
+NONCE_RE = re.compile(r"[0-9a-f]{32}")
+MAX_JOIN_TRIES = 64  # create-only races lost in a row before joining gives up (each loss means another job won)
+
+
+class RunJoinError(InputError):
+    """This job cannot join the exchange's current run (a resumed job whose peers started a fresh run, or a
+    damaged or forged run document); the message names the run id and what to do."""
 
 
 def check_run_id(run_id: str) -> str:
@@ -87,7 +98,9 @@ class ExchangeStore(ABC):
         self.run_id = check_run_id(run_id)
         self.key = key
         self.limits = limits
+        self.run_nonce = ""  # set by join_run: records of another nonce are refused from then on
         self._refusals_logged: set[tuple[int, str, str]] = set()
+        self._run_generation = 0  # the newest run document seen (documents are numbered from 1)
 
     def publish(self, record: PeerRecord) -> None:
         """Store ``record`` (signed when the store has a key), replacing any earlier one of its (step, agent)."""
@@ -107,7 +120,76 @@ class ExchangeStore(ABC):
             return None
         data, origin = found
         return parse_record(data, run_id=self.run_id, step=step, agent=agent, origin=origin, key=self.key,
-                            limits=self.limits)
+                            limits=self.limits, run_nonce=self.run_nonce)
+
+    def join_run(self, agent: str, fresh: bool) -> str:
+        """Join this run id's current run and return its nonce (kept in :attr:`run_nonce`; every record
+        published from then on carries it and every record read must).
+
+        The store keeps numbered run documents ({nonce, agents that joined}), each written once (a
+        create-only write: of two jobs racing for a number one wins, the other reads it and tries again).
+        A fresh job (``fresh``) joins the newest run when ``agent`` is not in it yet (a peer started it),
+        and starts a new run with a new nonce when it is (that run is an earlier one of this agent): so
+        the records of an earlier run, replayed or left over, never pass as this run's. A resumed job
+        continues the newest run, which must list ``agent``; else :class:`RunJoinError`."""
+        check_agent(agent)
+        for _ in range(MAX_JOIN_TRIES):
+            generation, doc = self._newest_run_doc()
+            if doc is not None and agent in doc["agents"] and not fresh:
+                self.run_nonce = doc["nonce"]
+                return self.run_nonce
+            if doc is not None and not fresh:
+                raise RunJoinError(f"exchange run {self.run_id!r}: this job resumes agent {agent!r}, but the run's "
+                                   f"jobs since started a fresh run without it (agents {doc['agents']}): resume "
+                                   "every job of the run, or start them all fresh")
+            if doc is not None and agent not in doc["agents"]:
+                new = {"nonce": doc["nonce"], "agents": [*doc["agents"], agent]}
+            else:  # no run yet, or this agent's earlier run: a new one
+                new = {"nonce": secrets.token_hex(16), "agents": [agent]}
+            body = dict(new)
+            if self.key is not None:
+                body[SIGNATURE_FIELD] = sign(new, self.key)
+            if self._create_run_doc(generation + 1, json.dumps(body, sort_keys=True).encode()):
+                self._run_generation = generation + 1
+                self.run_nonce = new["nonce"]
+                return self.run_nonce
+        raise ExchangeBackendError(f"exchange run {self.run_id!r}: lost {MAX_JOIN_TRIES} create-only races in a row "
+                                   "for the run document (too many jobs starting at once)")
+
+    def _newest_run_doc(self) -> tuple[int, dict | None]:
+        """(number, checked content) of the newest run document; (0, None) when there is none."""
+        generation, doc = self._run_generation, None
+        if generation:
+            doc = self._run_doc(generation)
+        while True:
+            data = self._get_run_doc(generation + 1)
+            if data is None:
+                self._run_generation = generation
+                return generation, doc
+            generation, doc = generation + 1, self._parse_run_doc(generation + 1, data)
+
+    def _run_doc(self, generation: int) -> dict:
+        data = self._get_run_doc(generation)
+        if data is None:
+            raise RunJoinError(f"exchange run {self.run_id!r}: run document {generation} disappeared")
+        return self._parse_run_doc(generation, data)
+
+    def _parse_run_doc(self, generation: int, data: bytes) -> dict:
+        where = f"exchange run {self.run_id!r}: run document {generation}"
+        try:
+            doc = json.loads(data[:MAX_RUN_DOC_BYTES].decode("utf-8"))
+        except (UnicodeDecodeError, ValueError, RecursionError):
+            raise RunJoinError(f"{where}: not valid JSON (damaged; delete the run's exchange records to start "
+                               "over)") from None
+        if self.key is not None and isinstance(doc, dict):
+            problem = verify(doc, self.key)
+            if problem:
+                raise RunJoinError(f"{where}: field {SIGNATURE_FIELD!r}: {problem}")
+        if (not isinstance(doc, dict) or not isinstance(doc.get("nonce"), str) or not NONCE_RE.fullmatch(doc["nonce"])
+                or not isinstance(doc.get("agents"), list)
+                or not all(isinstance(a, str) and AGENT_RE.fullmatch(a) for a in doc["agents"])):
+            raise RunJoinError(f"{where}: must be {{'nonce': 32 hex digits, 'agents': [names]}} (damaged or forged)")
+        return {"nonce": doc["nonce"], "agents": list(doc["agents"])}
 
     def wait_for(self, step: int, peers: Sequence[str], wait_s: float) -> WaitResult:
         """Wait at most ``wait_s`` seconds (≥ 0; 0 looks once) for every peer's valid record of ``step``."""
@@ -213,6 +295,15 @@ class ExchangeStore(ABC):
     def _get_claim(self, agent: str) -> bytes | None:
         """``agent``'s claim, at most ``MAX_HOLDER_CHARS`` bytes read; None if absent."""
 
+    @abstractmethod
+    def _create_run_doc(self, generation: int, data: bytes) -> bool:
+        """Store run document ``generation`` as ``data`` only if it does not exist yet (whole or not at all);
+        whether this call created it."""
+
+    @abstractmethod
+    def _get_run_doc(self, generation: int) -> bytes | None:
+        """Run document ``generation``, at most ``MAX_RUN_DOC_BYTES + 1`` bytes; None if absent."""
+
 
 class _Memory:
     """The records of a :class:`LocalStore` and the condition its waiters sleep on."""
@@ -220,6 +311,7 @@ class _Memory:
     def __init__(self) -> None:
         self.data: dict[tuple[int, str], bytes] = {}
         self.claims: dict[str, bytes] = {}
+        self.run_docs: dict[int, bytes] = {}
         self.version = 0  # publishes so far: a waiter compares it to see one it would have missed
         self.cond = threading.Condition()
 
@@ -268,6 +360,14 @@ class LocalStore(ExchangeStore):
     def _get_claim(self, agent: str) -> bytes | None:
         with self._mem.cond:
             return self._mem.claims.get(agent)
+
+    def _create_run_doc(self, generation: int, data: bytes) -> bool:
+        with self._mem.cond:
+            return self._mem.run_docs.setdefault(generation, data) is data
+
+    def _get_run_doc(self, generation: int) -> bytes | None:
+        with self._mem.cond:
+            return self._mem.run_docs.get(generation)
 
     def _poll_token(self) -> object:
         with self._mem.cond:
