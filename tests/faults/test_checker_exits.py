@@ -48,8 +48,10 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _left_running(pids: list[int], wait_s: float = 10.0) -> list[int]:
-    """The ``pids`` still running after up to ``wait_s`` (a SIGKILL takes effect asynchronously)."""
+def _left_running(pids: list[int], wait_s: float = 60.0) -> list[int]:
+    """The ``pids`` still running after up to ``wait_s``: a SIGKILL takes effect asynchronously, and on a
+    loaded machine (load ~7 on two cores) the killed process may wait seconds for a core to exit on; the
+    wait ends as soon as none is left."""
     deadline = time.monotonic() + wait_s
     while any(_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.05)

@@ -25,6 +25,17 @@ def test_ci_runs_the_readme_test_command_verbatim():
     assert test_command in (ROOT / ".ci" / "run").read_text().splitlines()
 
 
+def test_ci_runs_the_readme_test_command_under_a_long_tmpdir_with_spaces():
+    """The test command meets a temporary folder as users have them: with spaces, and long enough that a
+    socket under it passes AF_UNIX's 107 bytes (the CI checkout's own path comes in front of it)."""
+    lines = (ROOT / ".ci" / "run").read_text().splitlines()
+    before = lines[: lines.index(_readme_commands()[1])]
+    exports = [line for line in before if line.startswith("export TMPDIR=")]
+    assert exports and exports[-1] == 'export TMPDIR="$CI_TMPDIR"'
+    value = [line for line in before if line.startswith("CI_TMPDIR=")][-1].split("=", 1)[1].strip('"')
+    assert value.startswith("$PWD/") and " " in value and len(value) >= 80
+
+
 def test_readme_main_command_is_a_real_cli_call():
     main_command = _readme_commands()[0]
     assert main_command.endswith("hacrl train")
