@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -40,16 +41,61 @@ def sample_steps(run: str | Path) -> dict[int, Path]:
     return dict(sorted(found.items()))
 
 
+MAX_FIELD_CHARS = 2000  # a question or reference longer than this is shown cut (the file keeps it whole)
+_ROW_FIELDS = {"step": int, "index": int, "id": str, "question": str, "reference": object, "agents": dict}
+_COMPLETION_FIELDS = {"text": str, "reward": (int, float), "length": int, "finish_reason": str}
+
+
 def read_samples(path: Path) -> list[dict[str, Any]]:
-    """The rows of one samples file; a line that is not JSON is named with its line number."""
+    """The rows of one samples file. A line that is not UTF-8, not JSON (nesting too deep included) or not a
+    samples row (a field missing or of another type) is named with its line number and the field."""
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise SamplesError(f"{path}: cannot be read ({err.strerror})") from None
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, raw in enumerate(data.splitlines(), start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise SamplesError(f"{path}:{number}: not UTF-8 text (byte {err.start})") from None
         if line.strip():
             try:
-                rows.append(json.loads(line))
+                row = json.loads(line)
             except json.JSONDecodeError as err:
                 raise SamplesError(f"{path}:{number}: not a samples row ({err.msg})") from None
+            except RecursionError:
+                raise SamplesError(f"{path}:{number}: not a samples row (nested too deeply)") from None
+            rows.append(_checked_row(row, f"{path}:{number}"))
     return rows
+
+
+def _checked_row(row: Any, where: str) -> dict[str, Any]:
+    def expect(value: Any, kind: Any, field: str) -> None:
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
+            raise SamplesError(f"{where}: field {field!r} is a {type(value).__name__}, not a samples row's "
+                               f"{getattr(kind, '__name__', 'number')}")
+
+    expect(row, dict, "(the row)")
+    for field, kind in _ROW_FIELDS.items():
+        if field not in row:
+            raise SamplesError(f"{where}: field {field!r} missing: not a samples row")
+        expect(row[field], kind, field)
+    for name, completions in row["agents"].items():
+        expect(completions, list, f"agents.{name}")
+        for i, c in enumerate(completions):
+            expect(c, dict, f"agents.{name}[{i}]")
+            for field, kind in _COMPLETION_FIELDS.items():
+                if field not in c:
+                    raise SamplesError(f"{where}: field 'agents.{name}[{i}].{field}' missing: not a samples row")
+                expect(c[field], kind, f"agents.{name}[{i}].{field}")
+    return row
+
+
+def _shown(value: Any) -> str:
+    """A question or reference as shown: whole up to :data:`MAX_FIELD_CHARS` characters, else cut, saying so."""
+    text = str(value)
+    return text if len(text) <= MAX_FIELD_CHARS else f"{text[:MAX_FIELD_CHARS]} …[{len(text) - MAX_FIELD_CHARS} more characters]"
 
 
 def _number(value: float | None, signed: bool = False) -> str:
@@ -67,8 +113,8 @@ def completion_line(i: int, c: dict[str, Any]) -> str:
 
 def format_row(row: dict[str, Any], agent: str | None = None) -> str:
     """One prompt's block as plain text: question, reference, each agent's completions (text indented)."""
-    lines = [f"step {row['step']} · prompt {row['index']} · {row['id']}", f"question : {row['question']}",
-             f"reference: {row['reference']}"]
+    lines = [f"step {row['step']} · prompt {row['index']} · {_shown(row['id'])}", f"question : {_shown(row['question'])}",
+             f"reference: {_shown(row['reference'])}"]
     for name, completions in row["agents"].items():
         if agent is not None and name != agent:
             continue
@@ -121,7 +167,11 @@ def main(args: argparse.Namespace) -> int:
             raise SamplesError(f"--prompt {args.prompt}: step {step} has prompts 0..{len(read_samples(steps[step])) - 1}")
     if args.agent is not None and rows and args.agent not in rows[0]["agents"]:
         raise SamplesError(f"--agent {args.agent}: the run's agents are {', '.join(rows[0]['agents'])}")
-    print("\n\n".join(format_row(r, args.agent) for r in rows))
+    try:
+        print("\n\n".join(format_row(r, args.agent) for r in rows), flush=True)
+    except BrokenPipeError:  # `hacrl samples RUN | head`: the reader has what it wanted
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's flush at exit would raise again
     return 0
 
 

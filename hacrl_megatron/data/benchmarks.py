@@ -288,11 +288,15 @@ def _record(name: str, split: str, i: int, row: dict, where: str,
                             f"its columns are {sorted(row)}") from None
     except _BadValue as err:
         column = "final_answer" if name == "olympiadbench" else "answer"
+        if name == "custom" and columns[1] is not None:
+            column = f"{columns[1]} (data.answer_key)"
         raise DataFileError(f"{where}: column {column}: {err}") from None
     except (TypeError, AttributeError) as err:  # e.g. a list where the normaliser joins or searches text
         raise DataFileError(f"{where}: {name} row holds a value of the wrong type ({err})") from None
     if not isinstance(question, str):
         column = next((c for c in _QUESTION_COLUMNS if row.get(c) is not None), "question")
+        if name == "custom" and columns[0] is not None:  # the user named it: that is the column read
+            column = f"{columns[0]} (data.prompt_key)"
         raise DataFileError(f"{where}: column {column}: the question must be text, got {type(question).__name__}")
     if solution is not None and not isinstance(solution, str):
         raise DataFileError(f"{where}: column solution: must be text, got {type(solution).__name__}")

@@ -98,7 +98,9 @@ def _check_inputs(args: argparse.Namespace, tokenizers: list[str | None]) -> Eva
 
 def main(args: argparse.Namespace) -> int:
     """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from hacrl_megatron.cli import log_to_console
+
+    log_to_console()  # to whatever sys.stderr is at each message (a root handler would keep the first one)
     names = _per_agent(args.name, args.agent, "--name")
     if args.name and len(args.name) == 1 and len(args.agent) > 1:
         raise SystemExit("hacrl eval: give one --name per --agent")

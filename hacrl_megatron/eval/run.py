@@ -21,7 +21,7 @@ import torch
 from hacrl_megatron.data import BENCHMARKS, TASKS, PromptRecord, load_benchmark, make_task
 from hacrl_megatron.data.eval_sets import EVAL_SPLITS
 from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate, write_results
-from hacrl_megatron.eval.inputs import check_agent_folder, load_failure
+from hacrl_megatron.eval.inputs import EvalInputError, check_agent_folder, load_failure
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
 from hacrl_megatron.models.smollm2 import smollm2_hf_dir
 from hacrl_megatron.reward.pool import VerifierPool
@@ -90,6 +90,23 @@ def check_tokenizer_fits(folder: Path, tokenizer: Any, spec: str | None = None) 
         )
 
 
+def check_loaded_weights(folder: Path, model: Any, info: dict) -> None:
+    """Refuse (naming the folder and a tensor) weights that would be evaluated as noise: a tensor the
+    files lack (transformers initialises it at random and only logs it; a tied copy of a loaded tensor is
+    fine) or a non-finite value (a damaged file). Without this a damaged ``final/`` scores 0.000 silently."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    missing = set(info.get("missing_keys", ())) | set(info.get("mismatched_keys", ()))
+    loaded = {p.data_ptr() for name, p in params.items() if name not in missing}
+    untied = sorted(k for k in missing if k not in params or params[k].data_ptr() not in loaded)
+    if untied:
+        raise EvalInputError(f"--agent {folder}: the weights lack {len(untied)} tensor(s) of the model ({untied[0]}"
+                             f"{', ...' if len(untied) > 1 else ''}): a damaged or partial checkpoint; transformers "
+                             "would fill them at random")
+    for name, p in params.items():
+        if not torch.isfinite(p).all():
+            raise EvalInputError(f"--agent {folder}: tensor {name} holds NaN or infinite values (a damaged file)")
+
+
 def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *, dtype: str = "float32",
                   device: str | None = None, max_batch_size: int = 64) -> tuple[Any, Any]:
     """An :class:`~hacrl_megatron.rollout.HFEngine` and tokenizer for an HF model folder.
@@ -117,9 +134,11 @@ def load_hf_agent(model_dir: str | os.PathLike, tokenizer: Any | None = None, *,
             raise load_failure("tokenizer" if spec is None else f"tokenizer {spec!r}", folder, err) from err
     check_tokenizer_fits(folder, tokenizer, spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype), local_files_only=True)
+        model, info = AutoModelForCausalLM.from_pretrained(str(folder), dtype=getattr(torch, dtype),
+                                                           local_files_only=True, output_loading_info=True)
     except (OSError, ValueError, TypeError, KeyError, RuntimeError) as err:  # shapes not matching the config, ...
         raise load_failure("model", folder, err) from err
+    check_loaded_weights(folder, model, info)
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     return HFEngine(model.to(device), tokenizer, max_batch_size=max_batch_size), tokenizer
 

@@ -178,6 +178,9 @@ def main(args: argparse.Namespace) -> int:
 
             if cfg is None:
                 raise ValueError("--per-agent-jobs needs the config here (its agents name the jobs): drop --no-validate")
+            from hacrl_megatron.launch.executors import require_nemo_run
+
+            require_nemo_run()  # every agent's job launches through NeMo-Run: none starts when it is missing
             return run_agent_jobs(agent_jobs(args, cfg))
         executor = build_executor(args)
     except (ValueError, ImportError, InputError) as err:

@@ -145,6 +145,9 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     name = os.path.basename(os.path.normpath(os.path.dirname(args.model) if args.model.endswith(".json")
                                              else args.model)) or "model"
     spec = arch_from_config(args.model)
+    if args.seq_len > spec.max_position_embeddings:  # positions past the model's own cannot be planned for it
+        raise _BadInput(f"--seq-len={args.seq_len}: model {name!r} has {spec.max_position_embeddings} positions "
+                        "(max_position_embeddings); a sequence may not be longer")
     if args.sequence_parallel and args.tp < 2:
         raise _BadInput(f"model {name!r}: --sequence-parallel needs --tp > 1 (got {args.tp})")
     gpus_per_node = max(8, args.tp)

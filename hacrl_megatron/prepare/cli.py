@@ -12,7 +12,6 @@ finds the others with ``HACRL_DATA_DIR=<out>``), models in ``<out>/<repo name>``
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
@@ -73,7 +72,9 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from hacrl_megatron.cli import log_to_console
+
+    log_to_console()  # to whatever sys.stderr is at each message (a root handler would keep the first one)
     try:
         return _data(args) if args.what == "data" else _model(args)
     except (HubError, InputError) as err:  # one line, no traceback: the network, a mirror, a missing repo, a path

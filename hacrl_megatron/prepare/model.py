@@ -13,6 +13,7 @@ import argparse
 import fnmatch
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -46,6 +47,10 @@ def _download(repo_id: str, target: Path, revision: str | None) -> None:
         raise HubError(f"downloading {repo_id} failed: {one_line(err)}") from None
 
 
+HUB_PART_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}")  # the hub's rule for an owner or a repository name
+HUB_ID_RE = re.compile(rf"{HUB_PART_RE.pattern}/{HUB_PART_RE.pattern}")
+
+
 def prepare_model(repo_id: str, out: str | os.PathLike = "models", *, name: str | None = None,
                   revision: str | None = None, mirror: str | os.PathLike | None = None) -> Path:
     """Fetch ``repo_id`` into ``<out>/<name>`` (default name: the repository's last part); returns it.
@@ -53,8 +58,12 @@ def prepare_model(repo_id: str, out: str | os.PathLike = "models", *, name: str 
     Raises :class:`HubError` (one line) when nothing can be fetched or the result has no
     ``config.json`` or no safetensors weights.
     """
-    if repo_id.count("/") != 1 or not all(repo_id.split("/")):
-        raise HubError(f"model id {repo_id!r}: expected OWNER/NAME as on the hub, e.g. Qwen/Qwen3-4B")
+    if not isinstance(repo_id, str) or not HUB_ID_RE.fullmatch(repo_id):
+        raise HubError(f"model id {repo_id!r}: expected OWNER/NAME as on the hub (each part letters, digits, '.', "
+                       "'_' or '-', starting with a letter or digit: never '.' or '..'), e.g. Qwen/Qwen3-4B")
+    if name is not None and not HUB_PART_RE.fullmatch(name):
+        raise HubError(f"--name {name!r}: a folder name under --out (letters, digits, '.', '_' or '-', starting "
+                       "with a letter or digit): it may not leave --out")
     target = Path(out).expanduser() / (name or repo_id.split("/")[1])
     target.mkdir(parents=True, exist_ok=True)
     if mirror is not None:
