@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.util
-import logging
 import os
 import signal
 import sys
@@ -29,6 +28,7 @@ import yaml
 
 from hacrl_megatron.config import ConfigError, check_data_files, load_config, preset_names
 from hacrl_megatron.config.files import check_loggers, check_model_files
+from hacrl_megatron.console import log_to_console
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.errors import InputError, Terminated
 from hacrl_megatron.outputs import check_dir
@@ -124,29 +124,6 @@ def _cmd_presets(args: argparse.Namespace) -> int:
         agents = ", ".join(a.name for a in cfg.agents)
         print(f"{name:38s} {cfg.hacpo.algorithm:8s} agents: {agents}")
     return 0
-
-
-class _StderrHandler(logging.StreamHandler):
-    """Writes to whatever ``sys.stderr`` is at the time of the message (tests and tools swap it)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.stream = sys.stderr
-        super().emit(record)
-
-
-def log_to_console() -> None:
-    """Show this package's INFO messages (warm-up progress, resume) on stderr; other libraries keep theirs."""
-    log = logging.getLogger("hacrl_megatron")
-    if not any(isinstance(h, _StderrHandler) for h in log.handlers):
-        handler = _StderrHandler()
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
-        log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    # Set every time: whatever ran earlier in this process may have reset our level (pytest's caplog restores
-    # NOTSET) or disabled our loggers (logging.config.dictConfig does by default); a resume note would vanish.
-    for name, logger in logging.root.manager.loggerDict.items():
-        if name.startswith("hacrl_megatron") and isinstance(logger, logging.Logger):
-            logger.disabled = False
 
 
 def new_run_folders(cfg):

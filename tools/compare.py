@@ -237,7 +237,7 @@ def run_task(task: Task) -> None:
     """Execute one task with one torch thread (the comparison shares few cores between runs)."""
     import torch
 
-    from hacrl_megatron.cli import log_to_console
+    from hacrl_megatron.console import log_to_console
 
     torch.set_num_threads(1)
     log_to_console()  # the trainer's progress messages (warm-up accuracy, resume) go to the task's log

@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=pretrain.SHIPPED_DIR, help="folder of the shipped warm-ups")
     parser.add_argument("--check-only", action="store_true", help="regenerate and report; do not write --out")
     args = parser.parse_args(argv)
-    from hacrl_megatron.cli import log_to_console
+    from hacrl_megatron.console import log_to_console
 
     log_to_console()
     with tempfile.TemporaryDirectory(prefix="hacrl_ship_warmup_") as cache:

@@ -98,7 +98,7 @@ def _check_inputs(args: argparse.Namespace, tokenizers: list[str | None]) -> Eva
 
 def main(args: argparse.Namespace) -> int:
     """Run ``hacrl eval``; prints the Table-1 style markdown table; returns 0."""
-    from hacrl_megatron.cli import log_to_console
+    from hacrl_megatron.console import log_to_console
 
     log_to_console()  # to whatever sys.stderr is at each message (a root handler would keep the first one)
     names = _per_agent(args.name, args.agent, "--name")

@@ -51,7 +51,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--sequence-parallel", action="store_true", help="Megatron sequence parallelism (tp > 1)")
     m.add_argument("--grad-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="main-gradient dtype (ours: float32; NeMo-RL's default reduces in bf16)")
-    m.add_argument("--seq-len", type=int, default=4096, help="tokens per sequence (prompt + response)")
+    m.add_argument("--seq-len", type=int, default=None,
+                   help="tokens per sequence (prompt + response; default 4096, or the model's positions if fewer)")
     m.add_argument("--micro-batch-size", type=int, default=1, help="sequences per micro-batch")
     m.add_argument("--global-batch", type=int, default=512, help="sequences per optimizer update")
     m.add_argument("--rollout-mem-fraction", type=float, default=None,
@@ -145,6 +146,8 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     name = os.path.basename(os.path.normpath(os.path.dirname(args.model) if args.model.endswith(".json")
                                              else args.model)) or "model"
     spec = arch_from_config(args.model)
+    if args.seq_len is None:  # the default follows a model with fewer positions; a value given is checked
+        args.seq_len = min(4096, spec.max_position_embeddings)
     if args.seq_len > spec.max_position_embeddings:  # positions past the model's own cannot be planned for it
         raise _BadInput(f"--seq-len={args.seq_len}: model {name!r} has {spec.max_position_embeddings} positions "
                         "(max_position_embeddings); a sequence may not be longer")

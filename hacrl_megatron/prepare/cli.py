@@ -72,7 +72,7 @@ def _model(args: argparse.Namespace) -> int:
 
 
 def main(args: argparse.Namespace) -> int:
-    from hacrl_megatron.cli import log_to_console
+    from hacrl_megatron.console import log_to_console
 
     log_to_console()  # to whatever sys.stderr is at each message (a root handler would keep the first one)
     try:
