@@ -26,16 +26,10 @@ import torch
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.lm_head import LMHead, install_hidden_head
 from hacrl_megatron.agents.moe import RouterLosses, RoutingReplay
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
-from hacrl_megatron.agents.schedule import (
-    LMHead,
-    MicroBatch,
-    dp_slice,
-    install_hidden_head,
-    run_schedule,
-    split_micro_batches,
-)
+from hacrl_megatron.agents.schedule import MicroBatch, dp_slice, run_schedule, split_micro_batches
 from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat

@@ -84,6 +84,8 @@ NUMBERS: dict[str, Interval] = {
     "agents.*.parallel.dp": _i(1, 65536, "ranks"),
     "agents.*.parallel.ep": _i(1, 65536, "ranks"),
     "agents.*.parallel.etp": _i(1, 65536, "ranks"),
+    "agents.*.parallel.cp": _i(1, 65536, "ranks"),
+    "agents.*.parallel.ddp_bucket_mb": _i(0, 1 << 20, "MiB of gradients per bucket (0: megatron's default)"),
     "agents.*.lr": _i(0, 1, "an Adam update moves every weight by about lr: above 1 one update destroys the "
                             "model (the paper uses 1e-6)", low_open=True),
     "agents.*.warmup_sft_lr": _i(0, 1, "an Adam update moves every weight by about lr", low_open=True),
@@ -128,6 +130,7 @@ NUMBERS: dict[str, Interval] = {
     "train.mini_batches": _i(1, None, "M updates per step"),
     "train.max_staleness": _i(1, 16, "weight versions an async batch may lag; each keeps a host copy of the weights"),
     "train.micro_batch_size": _i(1, None, "sequences per forward/backward"),
+    "train.max_tokens_per_microbatch": _i(0, 1 << 24, "tokens per forward/backward (0: count sequences)"),
     "train.weight_decay": _i(0, 1, "decoupled weight decay: each update multiplies the weights by 1 − lr·wd"),
     "train.grad_clip": _i(0, None, "a gradient norm (0 disables clipping)"),
     "train.adam_beta1": _i(0, 1, "Adam's decay of the first moment", high_open=True),

@@ -55,6 +55,12 @@ class ParallelConfig:
     ep: int = 1  # expert-parallel size (MoE models): each rank holds num_experts / ep experts; the experts use
     # the same tp·dp ranks as attention, so ep·etp must divide tp·dp (the world stays tp·pp·dp ranks)
     etp: int = 1  # expert tensor-parallel size: each expert's FFN split over etp ranks (must divide its width)
+    cp: int = 1  # context-parallel size: each sequence split over cp ranks (Transformer Engine attention, GPU only);
+    # the world becomes tp·pp·cp·dp ranks
+    overlap_grad_reduce: bool = False  # reduce each gradient bucket while the backward pass goes on (megatron DDP)
+    overlap_param_gather: bool = False  # distributed optimizer: gather updated parameters bucket by bucket during
+    # the next forward (needs use_distributed_optimizer and overlap_grad_reduce)
+    ddp_bucket_mb: int = 0  # MiB of gradients per reduction bucket (0: megatron's default, 40M parameters or more)
 
     @property
     def world_size(self) -> int:
@@ -297,7 +303,12 @@ class TrainConfig:
     # max_staleness versions behind; older batches are dropped and counted)
     rollout_mode: str = "sync"
     max_staleness: int = 1  # K, async only: the oldest weight version a consumed batch may come from is current − K
-    micro_batch_size: int = 64  # sequences per forward/backward; gradients accumulate
+    micro_batch_size: int = 64  # sequences per forward/backward when no token budget is set; gradients accumulate
+    max_tokens_per_microbatch: int = 0  # token budget of one forward/backward (0: micro_batch_size sequences). Set:
+    # each mini-batch's sequences are split over DP ranks balanced by tokens and grouped into micro-batches of at
+    # most this many tokens (padded B·T, or the packed total), every DP rank running the same number
+    pack_sequences: bool = False  # with a token budget: several sequences per row, positions restarting per
+    # sequence and a block-diagonal causal mask (THD through Transformer Engine on GPU), no padding between them
     weight_decay: float = 0.0
     grad_clip: float = 1.0
     adam_beta1: float = 0.9

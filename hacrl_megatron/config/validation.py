@@ -445,6 +445,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     _rule(t.prompts_per_step % t.mini_batches == 0, "train.mini_batches", t.mini_batches,
           f"must divide train.prompts_per_step={t.prompts_per_step} (the step's sequences are shuffled and split into M equal mini-batches)")
     _rule(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size, "must be >= 1")
+    validate_token_budget(cfg)
     _rule(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables)")
     _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
           "must be one of ['constant', 'cosine']")
@@ -468,3 +469,18 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     _rule(not cfg.checkpoint.export_best or (t.eval_every > 0 and (cfg.data.eval_size > 0 or cfg.data.eval_benchmarks)),
           "checkpoint.export_best", True, "needs evaluations to pick the best step: train.eval_every > 0 and "
           "data.eval_size > 0 or data.eval_benchmarks")
+
+
+def validate_token_budget(cfg: ExperimentConfig) -> None:
+    """``train.max_tokens_per_microbatch`` must hold the longest sequence a rollout can make (a sequence is
+    never split across micro-batches), and ``train.pack_sequences`` needs that budget (it packs up to it)."""
+    t, r = cfg.train, cfg.rollout
+    _rule(t.max_tokens_per_microbatch >= 0, "train.max_tokens_per_microbatch", t.max_tokens_per_microbatch,
+          "must be >= 0 (0: micro-batches of train.micro_batch_size sequences)")
+    longest = r.max_prompt_len + r.max_response_len
+    _rule(t.max_tokens_per_microbatch == 0 or t.max_tokens_per_microbatch >= longest, "train.max_tokens_per_microbatch",
+          t.max_tokens_per_microbatch, f"must hold the longest sequence, rollout.max_prompt_len + max_response_len = "
+          f"{longest} tokens (a sequence is never split across micro-batches)")
+    _rule(not t.pack_sequences or t.max_tokens_per_microbatch > 0, "train.pack_sequences", t.pack_sequences,
+          "packs sequences up to a token budget: set train.max_tokens_per_microbatch (e.g. "
+          f"{max(4 * longest, 512)})")

@@ -57,10 +57,12 @@ LOCK_FILE = ".hacrl.lock"
 # configuration fields a resume may change: nothing here shapes the weights or the data
 MAY_CHANGE_ON_RESUME = (
     "name", "output_dir", "train.steps", "train.eval_every", "train.cpu_threads", "train.micro_batch_size",
+    "train.max_tokens_per_microbatch", "train.pack_sequences",  # how a mini-batch is cut up, not what it holds
     "train.verifier_workers", "data.eval_size", "data.eval_benchmarks", "checkpoint.*", "log.*",
     "train.eval_samples", "train.eval_temperature", "data.benchmark_paths", "data.eval_limit",
     "agents.*.workers", "agents.*.parallel.tp", "agents.*.parallel.pp", "agents.*.parallel.dp",
-    "agents.*.parallel.sequence_parallel", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
+    "agents.*.parallel.sequence_parallel", "agents.*.parallel.cp", "agents.*.parallel.overlap_grad_reduce",
+    "agents.*.parallel.overlap_param_gather", "agents.*.parallel.ddp_bucket_mb", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
     "rollout.sglang.*", "rollout.hf.*", "rollout.vllm.*",  # where and how the engines run, not what they sample
     "rollout.weight_sync_bucket_mb", "rollout.colocate",
     "exchange.*",  # where the records travel and how long a step waits for them, not what they hold
