@@ -31,6 +31,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/rollout/<engine>/<stat>", "per counter", "one engine's counters in an agent's engine pool"),
     ("<agent>/trainer/logprob_tokens_per_s", "tokens/s", "trainer speed of the log-prob (π_old) passes"),
     ("<agent>/trainer/train_tokens_per_s", "tokens/s", "trainer speed of the update passes"),
+    ("<agent>/trainer/pad_fraction", "fraction", "share of the tokens the trainer ran that were padding (the last "
+     "pass's micro-batches; train.max_tokens_per_microbatch and train.pack_sequences lower it)"),
     ("<agent>/trainer/peak_rss_mib", "MiB", "peak resident memory of the agent's trainer process"),
     ("<agent>/trainer/updates", "updates", "optimizer updates the agent made so far"),
     ("<agent>/trainer/<stat>", "per counter", "other counters a trainer reports (Ray ranks, GPU memory)"),

@@ -17,7 +17,8 @@ import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
-from hacrl_megatron.agents.padding import micro_batches, pad_right, response_logprobs_from_logits
+from hacrl_megatron.agents.packing import Geometry, count_micro_batches, plan_micro_batches
+from hacrl_megatron.agents.padding import pack_row, pad_right, response_logprobs_from_logits
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
 from hacrl_megatron.config import TrainConfig
 
@@ -50,6 +51,8 @@ class HFAgent:
         self.name = name
         self.model = model
         self.micro_batch_size = t.micro_batch_size
+        self.max_tokens_per_microbatch = t.max_tokens_per_microbatch
+        self.geometry = Geometry(packed=t.pack_sequences)
         self.grad_clip = t.grad_clip
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=lr, betas=(t.adam_beta1, t.adam_beta2),
                                            weight_decay=t.weight_decay)
@@ -60,24 +63,44 @@ class HFAgent:
 
     # ---- forward ---------------------------------------------------------------------------
     def _logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
+        if self.geometry.packed:  # one row, positions restarting per sequence, a block-diagonal mask
+            dtype = next(self.model.parameters()).dtype
+            input_ids, position_ids, mask, starts = pack_row(batch, dtype if dtype.is_floating_point else torch.float32)
+            logits = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=mask).logits
+            return response_logprobs_from_logits(logits, batch, temperature, starts)
         input_ids, mask = pad_right(batch)
         logits = self.model(input_ids=input_ids, attention_mask=mask).logits
         return response_logprobs_from_logits(logits, batch, temperature)
+
+    def _micro_batches(self, batch: SequenceBatch) -> list[list[int]]:
+        """Sequence indices of each micro-batch: ``micro_batch_size`` consecutive ones, or the token
+        budget's groups (agents/packing.py, one rank); keeps (real, run) token counts for the padding
+        fraction."""
+        lengths = [int(ids.numel()) for ids in batch.input_ids]
+        if self.max_tokens_per_microbatch > 0:
+            plan = plan_micro_batches(lengths, 1, self.max_tokens_per_microbatch, self.geometry)
+        else:
+            plan = count_micro_batches(len(batch), self.micro_batch_size, 1)
+        self._split_tokens = plan.tokens(lengths, self.geometry)
+        return [list(idx) for idx in plan.ranks[0]]
 
     def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
         """No-grad per-token log-probs of the response tokens (packed), micro-batched."""
         start = time.perf_counter()
         self.model.eval()
-        outs = []
-        with torch.no_grad():
-            for mb in micro_batches(batch, self.micro_batch_size):
-                outs.append(self._logprobs(mb, temperature))
-        self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - start, 1e-9)
-        lens = torch.cat([o.seq_len for o in outs])
+        lens = batch.response_lens
         cu = torch.zeros(len(lens) + 1, dtype=torch.long)
         cu[1:] = torch.cumsum(lens, 0)
-        return LogProbOutput(torch.cat([o.token_logps for o in outs]), cu,
-                             torch.cat([o.seq_logp_sum for o in outs]), lens)
+        token_logps = torch.zeros(int(cu[-1]), dtype=torch.float32)
+        sums = torch.zeros(len(batch), dtype=torch.float32)
+        with torch.no_grad():
+            for idx in self._micro_batches(batch):
+                out = self._logprobs(batch.select(idx), temperature)
+                for j, i in enumerate(idx):  # each sequence's log-probs to its place in the batch
+                    token_logps[int(cu[i]) : int(cu[i + 1])] = out.token_logps[int(out.cu_seqlens[j]) : int(out.cu_seqlens[j + 1])]
+                    sums[i] = out.seq_logp_sum[j]
+        self._stats["logprob_tokens_per_s"] = batch.num_tokens() / max(time.perf_counter() - start, 1e-9)
+        return LogProbOutput(token_logps, cu, sums, lens)
 
     def keep_version(self, version: int) -> None:
         """Snapshot the live weights as ``version`` (agents/reference.WeightVersions)."""
@@ -121,13 +144,14 @@ class HFAgent:
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float = 1.0) -> list[dict[str, float]]:
         """One AdamW update per mini-batch m = 0..M−1; micro-batch losses are globally normalised."""
         self.model.train()
-        results = []
+        results, real, run = [], 0, 0
         for m, mini in enumerate(mini_batches):
             start = time.perf_counter()
             lr = self._set_lr()
             self.optimizer.zero_grad(set_to_none=True)
             total_loss, sums, count, info = 0.0, {}, 0, mini.info(m)
-            for mb in micro_batches(mini, self.micro_batch_size):
+            for idx in self._micro_batches(mini):
+                mb = mini.select(idx)
                 out = self._logprobs(mb, temperature)
                 loss, metrics = loss_fn(out, mb.loss_inputs, info)
                 loss.backward()
@@ -145,6 +169,8 @@ class HFAgent:
             metrics = {k: v / max(count, 1) for k, v in sums.items()}
             metrics.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update=float(self.updates))
             results.append(metrics)
+            real, run = real + self._split_tokens[0], run + self._split_tokens[1]
+        self._stats["pad_fraction"] = 1.0 - real / max(run, 1)  # over the updates' micro-batches
         return results
 
     def train_async(self, mini_batches: list[SequenceBatch], loss_fn: LossFn,

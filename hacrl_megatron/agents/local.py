@@ -28,8 +28,14 @@ from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.lm_head import LMHead, install_hidden_head
 from hacrl_megatron.agents.moe import RouterLosses, RoutingReplay
+from hacrl_megatron.agents.packing import (
+    MicroBatchPlan,
+    count_micro_batches,
+    geometry_for,
+    plan_micro_batches,
+)
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
-from hacrl_megatron.agents.schedule import MicroBatch, dp_slice, run_schedule, split_micro_batches
+from hacrl_megatron.agents.schedule import MicroBatch, plan_micro_batches_of, run_schedule
 from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
@@ -42,6 +48,7 @@ from hacrl_megatron.models.provider import (
     arch_from_model_config,
     build_gpt_model,
     hf_config_from_model_config,
+    use_transformer_engine,
 )
 
 
@@ -123,6 +130,7 @@ class LocalAgent:
         self.spec, self.hf_config, source = _resolve_spec(agent_cfg, vocab_size, hf_checkpoint, hf_config)
         self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp)
         self.sequence_parallel = par.sequence_parallel and par.tp > 1
+        self.geometry = geometry_for(train_cfg.pack_sequences, par.tp, self.sequence_parallel, par.cp)
         moe = MoESettings.from_model_config(agent_cfg.model) if self.spec.is_moe else None
         model = build_gpt_model(self.spec, par.tp, par.pp, ep=par.ep, etp=par.etp,
                                 sequence_parallel=par.sequence_parallel, recompute=par.recompute, moe=moe)
@@ -212,21 +220,32 @@ class LocalAgent:
         """The bare ``GPTModel`` of this rank's pipeline stage."""
         return convert.unwrap(self.model)
 
-    def _split(self, batch: SequenceBatch) -> list[MicroBatch]:
+    def _plan(self, batch: SequenceBatch) -> MicroBatchPlan:
+        """Which sequences each DP rank runs in which micro-batch: consecutive groups of
+        ``train.micro_batch_size``, or the token budget's plan (agents/packing.py); the same on every rank."""
+        budget = self.train_cfg.max_tokens_per_microbatch
+        if budget <= 0:
+            return count_micro_batches(len(batch), self.train_cfg.micro_batch_size, self.info.dp)
+        return plan_micro_batches([int(ids.numel()) for ids in batch.input_ids], self.info.dp, budget, self.geometry)
+
+    def _split(self, batch: SequenceBatch, plan: MicroBatchPlan | None = None) -> list[MicroBatch]:
         top = max(int(ids.max()) for ids in batch.input_ids)
         if top >= self.spec.vocab_size or min(int(ids.min()) for ids in batch.input_ids) < 0:
             raise ValueError(f"agent {self.name}: token ids must lie in [0, vocab_size={self.spec.vocab_size}); "
                              f"batch has max id {top} (tokenizer and model vocabularies differ?)")
-        idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
-        micro = split_micro_batches(batch.select(idx), self.train_cfg.micro_batch_size, self._device())
-        return [self._pad_for_sequence_parallel(mb) for mb in micro] if self.sequence_parallel else micro
+        plan = plan or self._plan(batch)
+        self._split_tokens = plan.tokens([int(ids.numel()) for ids in batch.input_ids], self.geometry)
+        thd = self.geometry.packed and use_transformer_engine()
+        micro = plan_micro_batches_of(batch, plan, self.info.dp_rank, self.geometry, self._device(), thd)
+        return [self._pad_rows(mb) for mb in micro] if self.geometry.row_multiple > 1 else micro
 
-    def _pad_for_sequence_parallel(self, mb: MicroBatch) -> MicroBatch:
-        """Sequence parallelism splits the sequence over TP ranks: pad T to a multiple of tp (right
-        padding after every real token changes no real token's output, agents/schedule.py)."""
+    def _pad_rows(self, mb: MicroBatch) -> MicroBatch:
+        """Sequence (and context) parallelism split each row: pad a padded row's T to a multiple of
+        ``geometry.row_multiple`` (right padding after every real token changes no real token's output,
+        agents/schedule.py). Packed rows are built to that length already."""
         b, t = mb.tokens.shape
-        pad = -t % self.info.tp
-        if not pad:
+        pad = -t % self.geometry.row_multiple
+        if not pad or mb.attention_mask is not None or mb.packed_seq_params is not None:
             return mb
         tokens = torch.cat([mb.tokens, mb.tokens.new_zeros(b, pad)], dim=1)
         return dataclasses.replace(mb, tokens=tokens, position_ids=torch.arange(t + pad, device=tokens.device)
@@ -234,19 +253,20 @@ class LocalAgent:
 
     def _micro_layout(self, batch: SequenceBatch, dp_rank: int) -> list[tuple[list[bytes], list[int], int]]:
         """Per micro-batch of DP rank ``dp_rank``, as :meth:`_split` forms them: the sequences' keys
-        (token ids as bytes), their lengths, and the padded length T the model sees."""
-        idx = dp_slice(len(batch), self.info.dp, dp_rank)
-        size, out = self.train_cfg.micro_batch_size, []
-        for lo in range(0, len(idx), size):
-            ids = [batch.input_ids[i] for i in idx[lo : lo + size]]
+        (token ids as bytes), their lengths, and the padded length T the model sees (padded rows)."""
+        out = []
+        for idx in self._plan(batch).ranks[dp_rank]:
+            ids = [batch.input_ids[i] for i in idx]
             t = max(int(x.numel()) for x in ids)
-            t += -t % self.info.tp if self.sequence_parallel else 0
+            t += -t % self.geometry.row_multiple
             out.append(([x.cpu().numpy().tobytes() for x in ids], [int(x.numel()) for x in ids], t))
         return out
 
     def _mini_batch_tokens(self, batch: SequenceBatch) -> int:
-        """Tokens the routers see in one update: B·T (padded) over every micro-batch of every DP rank."""
-        return sum(len(keys) * t for r in range(self.info.dp) for keys, _, t in self._micro_layout(batch, r))
+        """Tokens the routers see in one update: every micro-batch's row tokens (padding included) over
+        every DP rank."""
+        lengths = [int(ids.numel()) for ids in batch.input_ids]
+        return self._plan(batch).tokens(lengths, self.geometry)[1]
 
     def _device(self) -> torch.device:
         return next(self.module.parameters()).device
@@ -279,11 +299,14 @@ class LocalAgent:
         cu[1:] = torch.cumsum(lens, 0)
         n_tok = int(cu[-1])
         flat = torch.zeros(n_tok + len(batch), dtype=torch.float32, device=self._device())  # [tokens | sums]
-        tokens, sums = [], []
+        reports = self._reports()
 
         def collect(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
-            tokens.append(lp.token_logps.detach().float())
-            sums.append(lp.seq_logp_sum.detach().float())
+            if reports and not mb.filler:  # each sequence's log-probs to its place in the batch
+                token_logps, seq_sums = lp.token_logps.detach().float(), lp.seq_logp_sum.detach().float()
+                for j, i in enumerate(mb.seq_index.tolist()):
+                    flat[int(cu[i]) : int(cu[i + 1])] = token_logps[int(lp.cu_seqlens[j]) : int(lp.cu_seqlens[j + 1])]
+                    flat[n_tok + i] = seq_sums[j]
             return lp.seq_logp_sum.sum() * 0
 
         micro = self._split(batch)
@@ -291,10 +314,6 @@ class LocalAgent:
         with self._recording_routes(batch):
             run_schedule(self.model, micro, collect, temperature, self.head, forward_only=True)
         self.model.train()
-        if self._reports():
-            idx = dp_slice(len(batch), self.info.dp, self.info.dp_rank)
-            flat[int(cu[idx[0]]) : int(cu[idx[-1] + 1])] = torch.cat(tokens)
-            flat[n_tok + idx[0] : n_tok + idx[-1] + 1] = torch.cat(sums)
         if self.info.world_size > 1:
             torch.distributed.all_reduce(flat)
         flat = flat.cpu()
@@ -359,9 +378,12 @@ class LocalAgent:
         out, t0, tokens = [], time.perf_counter(), 0
         if self._replay is not None:
             self._record_missing_routes(mini_batches)
+        real = run = 0
         for m, mini in enumerate(mini_batches):
             out.append(self._update(m, mini, loss_fn, temperature))
             tokens += mini.num_tokens()
+            real, run = real + self._split_tokens[0], run + self._split_tokens[1]
+        self._stats["pad_fraction"] = 1.0 - real / max(run, 1)  # over the updates' micro-batches
         if self._replay is not None:  # the step's π_old routes are used up
             self._replay.clear()
         self._stats["train_tokens_per_s"] = tokens / max(time.perf_counter() - t0, 1e-9)
@@ -397,7 +419,9 @@ class LocalAgent:
 
         def step_loss(lp: LogProbOutput, mb: MicroBatch) -> torch.Tensor:
             loss, metrics = loss_fn(lp, mb.loss_inputs, info)
-            records.append((float(loss.detach()), dict(metrics)))
+            if mb.filler:  # a repeated sequence that only keeps the ranks' micro-batch counts equal
+                return loss * 0
+            records.append((float(loss.detach()), dict(metrics), len(mb.seq_len)))
             return loss
 
         self.model.zero_grad_buffer()
@@ -427,17 +451,18 @@ class LocalAgent:
                 stack.enter_context(self._replay.replay(self._micro_layout(mini, self.info.dp_rank), self.updates))
             yield metrics
 
-    def _reduce_metrics(self, records: list[tuple[float, dict[str, float]]]) -> dict[str, float]:
-        """loss: sum over all micro-batches (the mini-batch loss); other metrics: mean over them."""
+    def _reduce_metrics(self, records: list[tuple[float, dict[str, float], int]]) -> dict[str, float]:
+        """loss: sum over all micro-batches (the mini-batch loss); other metrics: mean over the micro-batches
+        weighted by their sequences (a per-sequence mean, whatever the micro-batching)."""
         if self.info.world_size > 1:
             gathered: list[Any] = [None] * self.info.world_size
             torch.distributed.all_gather_object(gathered, records)
             records = [r for part in gathered for r in part]
         out: dict[str, float] = {"loss": sum(r[0] for r in records)}
-        keys = sorted({k for _, md in records for k in md})
+        keys = sorted({k for _, md, _ in records for k in md})
         for k in keys:
-            vals = [md[k] for _, md in records if k in md]
-            out[k] = sum(vals) / len(vals)
+            vals = [(md[k], n) for _, md, n in records if k in md]
+            out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
         return out
 
     # ----------------------------------------------------------------------------------------

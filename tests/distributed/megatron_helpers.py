@@ -169,3 +169,32 @@ def start_local_ray() -> None:
     torch.set_num_threads(1)
     ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, _temp_dir=ray_temp_dir(),
              _system_config={"prestart_worker_first_driver": False, "enable_worker_prestart": False})
+
+
+def hacpo_batch(seed: int = 3, lens: tuple[int, ...] = (7, 5, 19, 6, 12, 4, 9, 15),
+                prompts: tuple[int, ...] = (3, 2, 4, 1, 5, 2, 3, 6)) -> Any:
+    """A length-skewed batch of self and cross sequences with HACPO's loss inputs: two sources, signed
+    advantages, and source log-prob sums near the responses' typical values (so some cross ratios fall
+    inside the window and some are clipped)."""
+    from hacrl_megatron.agents.batch import SequenceBatch
+    from hacrl_megatron.algo import LossInputs
+
+    g = torch.Generator().manual_seed(seed)
+    ids = tuple(torch.randint(0, VOCAB, (n,), generator=g) for n in lens)
+    s = len(lens)
+    is_self = torch.arange(s) % 2 == 0
+    response = torch.tensor(lens) - torch.tensor(prompts)
+    inputs = LossInputs(
+        advantages=torch.linspace(-1.0, 1.0, s), is_self=is_self, discrepancy=torch.where(is_self, 1.0, 0.8),
+        source_logp_sum=-4.6 * response.float() + torch.randn(s, generator=g),
+        source_len=response + (~is_self).long(), source_index=(~is_self).long(),
+    )
+    return SequenceBatch(input_ids=ids, prompt_lens=torch.tensor(prompts), loss_inputs=inputs)
+
+
+def hacpo_loss() -> Any:
+    """HACPO's loss (the paper's defaults) for two agents, as a LossFn."""
+    from hacrl_megatron.algo import build_algorithm
+    from hacrl_megatron.config import HACPOConfig
+
+    return build_algorithm(HACPOConfig(), 2).loss_fn(["a", "b"])

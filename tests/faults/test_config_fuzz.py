@@ -48,7 +48,7 @@ ACCEPTED = {
           "data.eval_size", "data.eval_limit", "train.eval_temperature", "data.seed", "checkpoint.every",
           "log.samples_every", "exchange.wait_s",
           "rollout.vllm.max_model_len",
-          "rollout.vllm.max_num_seqs"},
+          "rollout.vllm.max_num_seqs", "agents.0.parallel.ddp_bucket_mb", "train.max_tokens_per_microbatch"},
     "1000000000000": {"agents.0.model.rope_theta", "agents.0.warmup_sft_max_steps", "agents.0.warmup_sft_eval_every",
                       "rollout.temperature",
                       "hacpo.self_clip_high", "hacpo.grpo_clip_high", "hacpo.omega_max", "hacpo.max_reward",

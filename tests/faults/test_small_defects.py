@@ -5,6 +5,7 @@ model's positions, and a damaged final/ folder evaluated as noise."""
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 import subprocess
 import sys
@@ -61,7 +62,7 @@ def test_samples_cuts_a_huge_question_and_survives_a_closed_pipe(tmp_path, capsy
     assert main(["samples", str(run), "--prompt", "0"]) == 0
     out = capsys.readouterr().out
     assert "…[98000 more characters]" in out and len(out) < 3000
-    piped = subprocess.run(f"{sys.executable} -m hacrl_megatron samples '{run}' | head -n 2", shell=True,
+    piped = subprocess.run(f"{shlex.quote(sys.executable)} -m hacrl_megatron samples {shlex.quote(str(run))} | head -n 2", shell=True,
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert len(piped.stdout.splitlines()) == 2 and "BrokenPipe" not in piped.stderr and "Traceback" not in piped.stderr
 
