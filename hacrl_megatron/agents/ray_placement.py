@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -190,7 +192,13 @@ def spawn_actors(actor_cls: Any, pg: Any, bundle: dict[str, float], world: int, 
     root = str(Path(__file__).resolve().parents[2])
     path = os.pathsep.join([root] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
     rank_env = cuda_rank_env() if bundle.get("GPU", 0) else {}
-    runtime_env = {"env_vars": {"PYTHONPATH": path, **rank_env, **env_vars}}
+    runtime_env: dict[str, Any] = {"env_vars": {"PYTHONPATH": path, **rank_env, **env_vars}}
+    if shlex.quote(sys.executable) != sys.executable:
+        # Ray (2.60) starts a worker that has a runtime_env through `bash -c "exec <python> ..."`
+        # without quoting the interpreter: a venv under a path with a space never starts a worker.
+        # `py_executable` is spliced into that command as given, so the quoted path goes there
+        # (the same interpreter path on every node, as with a shared-filesystem venv).
+        runtime_env["py_executable"] = shlex.quote(sys.executable)
     return [
         actor_cls.options(num_cpus=bundle["CPU"], num_gpus=bundle.get("GPU", 0), runtime_env=runtime_env,
                           scheduling_strategy=PlacementGroupSchedulingStrategy(

@@ -48,6 +48,19 @@ from hacrl_megatron.launch.node_address import NodeAddressError, node_address
 _SCRIPT = r"""# hacrl: one Ray node per Slurm task; node 0 is the head and runs the command (slurm_ray.py)
 set -uo pipefail
 PY=__PYTHON__
+# Ray starts some of its processes (ray_client_server, workers with a runtime_env) through `bash -c`
+# with the interpreter's and its own library's paths unquoted: under a folder with a space they never
+# start and `ray start --block` stops the node. Such an interpreter is run through a private,
+# space-free link to its prefix folder (the venv or conda env: it finds its libraries from there).
+PY_LINK_DIR=""
+case "$PY" in
+  *[[:space:]]*)
+    PY_LINK_DIR=$(mktemp -d /tmp/hacrl-py.XXXXXXXX) || { echo "[hacrl] cannot make a folder in /tmp for $PY" >&2; exit 1; }
+    trap 'rm -rf "$PY_LINK_DIR"' EXIT  # the link only: rm does not follow it
+    ln -s "$(dirname "$(dirname "$PY")")" "$PY_LINK_DIR/prefix" || exit 1
+    PY="$PY_LINK_DIR/prefix/bin/$(basename "$PY")"
+    ;;
+esac
 RAY=("$PY" -m ray.scripts.scripts)
 PORT=__PORT__
 TIMEOUT=__TIMEOUT__

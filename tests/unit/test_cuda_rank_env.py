@@ -95,6 +95,34 @@ def test_ray_workers_on_gpu_bundles_get_it(monkeypatch):
     assert KEY not in Actor.options_seen[0]["runtime_env"]["env_vars"]
 
 
+def test_ray_workers_start_from_an_interpreter_under_a_spaced_folder(monkeypatch):
+    """Ray splices ``py_executable`` unquoted into ``bash -c "exec ..."``: a venv path with a space
+    goes there quoted, a space-free one is left to Ray."""
+    pytest.importorskip("ray")
+    import sys
+
+    from hacrl_megatron.agents.ray_placement import spawn_actors
+
+    class Actor:
+        options_seen: list[dict] = []
+
+        @classmethod
+        def options(cls, **kw):
+            cls.options_seen.append(kw)
+            return cls
+
+        @classmethod
+        def remote(cls, *args):
+            return args
+
+    monkeypatch.setattr(sys, "executable", "/opt/my envs/a/bin/python")
+    spawn_actors(Actor, object(), {"CPU": 1.0}, 1, {}, "a")
+    assert Actor.options_seen[-1]["runtime_env"]["py_executable"] == "'/opt/my envs/a/bin/python'"
+    monkeypatch.setattr(sys, "executable", "/opt/envs/a/bin/python")
+    spawn_actors(Actor, object(), {"CPU": 1.0}, 1, {}, "a")
+    assert "py_executable" not in Actor.options_seen[-1]["runtime_env"]
+
+
 # --------------------------------------------------------------------------------------------
 # MoE grouped GEMM: one value for the spec and the config
 

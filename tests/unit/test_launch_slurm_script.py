@@ -310,3 +310,25 @@ def test_one_node_job_keeps_its_engine_gpus_from_ray(fake_slurm, tmp_path):
     assert "# placement: node 0: the controller (no GPU); Ray is offered GPUs [0, 1, 4, 5]" in script
     assert "# placement: qwen3_4b: 2 ranks (tp=1) on node 0 GPUs 0-1 (shares a node); 2 engine(s) x 1 GPUs on " \
            "node 0 GPUs 2-3" in script
+
+
+def test_an_interpreter_under_a_spaced_folder_runs_through_a_space_free_link(tmp_path):
+    """Ray execs some of its processes with the interpreter's path unquoted: the node script runs
+    such an interpreter through a private link to its prefix folder, removed when the script ends."""
+    prefix = tmp_path / "my env"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(sys.executable)
+    script = ray_cluster_script(CMD, python=str(prefix / "bin" / "python"))
+    head = script.split("\nRAY=(", 1)[0]  # the interpreter set-up, before any Ray command
+    probe = head + '\necho "$PY"\necho "$PY_LINK_DIR"\n"$PY" -c "print(6 * 7)"\nreadlink -f "$PY"\n'
+    out = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    py, link_dir, answer, target = out.stdout.split("\n")[:4]
+    assert " " not in py and py.endswith("/prefix/bin/python") and answer == "42"
+    assert Path(target) == Path(sys.executable).resolve()
+    assert not Path(link_dir).exists(), "the link folder outlives the script"
+    assert prefix.exists(), "removing the link removed the interpreter's folder"
+    plain = ray_cluster_script(CMD, python=sys.executable if " " not in sys.executable else "python")
+    out = subprocess.run(["bash", "-c", plain.split("\nRAY=(", 1)[0] + '\necho "[$PY_LINK_DIR]"'],
+                         capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "[]"  # a space-free path is used as given
