@@ -21,7 +21,8 @@
 #   bench      Triton vs the reference, naive logits and a bare cuBLAS GEMM at N=16384, H=4096,
 #              V=151936, bf16: ms, TFLOP/s, % of the GEMM's rate, extra memory (bench_logprobs.py --gpu)
 #   megatron   megatron-core's GPTModel (local spec) forward + backward on CUDA vs the same weights on CPU
-#   agent      one LocalAgent HACPO update on CUDA through the fused Triton loss vs megatron's CE
+#   agent      one LocalAgent HACPO update on CUDA through the fused Triton loss vs megatron's CE, and with
+#              overlapped DDP (overlap_grad_reduce, overlap_param_gather, 1 MiB buckets) vs without
 #   ipc        our CUDA-IPC tensor payload between two processes on the GPU (zero copy, write-back)
 #   invariance bitwise batch invariance on CUDA (Triton and reference), on-policy ratio exactly 1
 #   report     the numbers into benchmarks/RESULTS.md's GPU section (+ a copy in $OUT to bring back)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def agent_compare(fused: str = "triton", peer: str = "megatron") -> dict:
     from hacrl_megatron.agents.batch import SequenceBatch
     from hacrl_megatron.agents.local import LocalAgent
     from hacrl_megatron.algo import LossInputs, hacpo_loss
-    from hacrl_megatron.config import AgentConfig, HACPOConfig, ModelConfig, TrainConfig
+    from hacrl_megatron.config import AgentConfig, HACPOConfig, ModelConfig, ParallelConfig, TrainConfig
 
     def loss_fn(lp, inputs, info):
         return hacpo_loss(lp.seq_logp_sum, lp.seq_len, inputs, info.update_index, HACPOConfig(), info.num_sequences)
@@ -101,7 +102,14 @@ def agent_compare(fused: str = "triton", peer: str = "megatron") -> dict:
     cfg = AgentConfig(name="gpu", model=ModelConfig(arch="qwen3"), lr=1e-3)
     agents = {impl: LocalAgent(cfg, TrainConfig(micro_batch_size=2, seed=0), hf_config=tiny_hf_config(),
                                logprob_impl=impl) for impl in (fused, peer)}
-    agents[peer].module.load_state_dict(agents[fused].module.state_dict())
+    # megatron-core's overlapped DDP on CUDA (backward hooks, async reduction, the distributed
+    # optimizer's gather in the next forward, completed at the end of train): the fused agent's update
+    overlapped = dataclasses.replace(cfg, parallel=ParallelConfig(
+        use_distributed_optimizer=True, overlap_grad_reduce=True, overlap_param_gather=True, ddp_bucket_mb=1))
+    agents["overlap"] = LocalAgent(overlapped, TrainConfig(micro_batch_size=2, seed=0), hf_config=tiny_hf_config(),
+                                   logprob_impl=fused)
+    for other in (peer, "overlap"):
+        agents[other].module.load_state_dict(agents[fused].module.state_dict())
     g = torch.Generator().manual_seed(1)
     ids = tuple(torch.randint(0, 256, (n,), generator=g) for n in (9, 17, 12, 30))
     probe = SequenceBatch(input_ids=ids, prompt_lens=torch.tensor([3, 5, 2, 8]))
@@ -113,7 +121,10 @@ def agent_compare(fused: str = "triton", peer: str = "megatron") -> dict:
     before = {n: p.detach().clone() for n, p in agents[fused].module.named_parameters()}
     metrics = {k: a.train([batch], loss_fn)[0] for k, a in agents.items()}
     moved = sum(not torch.equal(p, before[n]) for n, p in agents[fused].module.named_parameters())
+    after = dict(agents["overlap"].module.named_parameters())
+    overlap_diff = max(float((p - after[n]).abs().max()) for n, p in agents[fused].module.named_parameters())
     return {"device": str(next(agents[fused].module.parameters()).device), "logp_diff": err(sums[fused], sums[peer]),
+            "overlap_param_diff": overlap_diff, "overlap_loss_diff": abs(metrics[fused]["loss"] - metrics["overlap"]["loss"]),
             "loss_diff": abs(metrics[fused]["loss"] - metrics[peer]["loss"]),
             "grad_norm_rel_diff": abs(metrics[fused]["grad_norm"] - metrics[peer]["grad_norm"])
             / metrics[peer]["grad_norm"], "moved": moved, "parameters": len(before), "metrics": metrics}
@@ -133,5 +144,10 @@ def step_agent() -> str:
     check(moved == total, f"{total - moved} of {total} parameters did not change")
     check(d_logp < 1e-4 and d_loss < 1e-5 and d_norm < 1e-4, f"fused Triton vs megatron CE: logp {d_logp:.1e}, "
                                                               f"loss {d_loss:.1e}, grad norm (rel.) {d_norm:.1e}")
+    d_overlap = data["overlap_param_diff"]
+    check(d_overlap < 1e-6 and data["overlap_loss_diff"] < 1e-6,
+          f"overlapped DDP + distributed optimizer vs plain: parameters {d_overlap:.1e}, "
+          f"loss {data['overlap_loss_diff']:.1e}")
     return (f"LocalAgent HACPO update on CUDA, fused Triton loss = megatron CE: logp {d_logp:.1e}, loss "
-            f"{d_loss:.1e}, grad norm {d_norm:.1e} (rel.); {moved}/{total} parameters moved")
+            f"{d_loss:.1e}, grad norm {d_norm:.1e} (rel.); {moved}/{total} parameters moved; overlapped DDP "
+            f"(overlap_grad_reduce, overlap_param_gather) = plain: parameters {d_overlap:.1e}")

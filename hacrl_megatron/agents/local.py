@@ -25,9 +25,10 @@ import torch
 
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.ddp import ddp_config, gather_updated_params, wire_overlap
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.lm_head import LMHead, install_hidden_head
-from hacrl_megatron.agents.moe import RouterLosses, RoutingReplay
+from hacrl_megatron.agents.moe import MicroLayout, RouterLosses, RoutingReplay, micro_layouts
 from hacrl_megatron.agents.packing import (
     MicroBatchPlan,
     count_micro_batches,
@@ -37,6 +38,7 @@ from hacrl_megatron.agents.packing import (
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
 from hacrl_megatron.agents.schedule import MicroBatch, plan_micro_batches_of, run_schedule
 from hacrl_megatron.config import AgentConfig, TrainConfig
+from hacrl_megatron.config.validation_scale import require_context_parallel
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
@@ -127,6 +129,7 @@ class LocalAgent:
         init_sub = agent_cfg.init_checkpoint
         if hf_checkpoint is None and init_sub is not None and is_hf_dir(init_sub):
             hf_checkpoint, init_sub = init_sub, None
+        require_context_parallel(par.cp, f"agent {self.name!r}: parallel.cp")  # API users skip validation
         self.spec, self.hf_config, source = _resolve_spec(agent_cfg, vocab_size, hf_checkpoint, hf_config)
         self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp)
         self.sequence_parallel = par.sequence_parallel and par.tp > 1
@@ -183,7 +186,7 @@ class LocalAgent:
     # ----------------------------------------------------------------------------------------
     def _build_training(self, model: Any, agent_cfg: AgentConfig, train_cfg: TrainConfig,
                         total_updates: int | None) -> tuple:
-        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import DistributedDataParallel
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
@@ -191,14 +194,8 @@ class LocalAgent:
         config.finalize_model_grads_func = _finalize_grads
         if self.spec.is_moe:
             _experts_in_expert_buffers(model)
-        ddp = DistributedDataParallel(
-            config=config,
-            ddp_config=DistributedDataParallelConfig(
-                grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                use_distributed_optimizer=agent_cfg.parallel.use_distributed_optimizer,
-            ),
-            module=model,
-        )
+        ddp = DistributedDataParallel(config=config, ddp_config=ddp_config(agent_cfg.parallel), module=model)
+        wire_overlap(ddp, config)
         opt_cfg = OptimizerConfig(
             optimizer="adam", lr=agent_cfg.lr, min_lr=0.0 if train_cfg.lr_schedule == "cosine" else agent_cfg.lr,
             weight_decay=train_cfg.weight_decay, adam_beta1=train_cfg.adam_beta1, adam_beta2=train_cfg.adam_beta2,
@@ -251,16 +248,9 @@ class LocalAgent:
         return dataclasses.replace(mb, tokens=tokens, position_ids=torch.arange(t + pad, device=tokens.device)
                                    .unsqueeze(0).expand(b, -1).contiguous())
 
-    def _micro_layout(self, batch: SequenceBatch, dp_rank: int) -> list[tuple[list[bytes], list[int], int]]:
-        """Per micro-batch of DP rank ``dp_rank``, as :meth:`_split` forms them: the sequences' keys
-        (token ids as bytes), their lengths, and the padded length T the model sees (padded rows)."""
-        out = []
-        for idx in self._plan(batch).ranks[dp_rank]:
-            ids = [batch.input_ids[i] for i in idx]
-            t = max(int(x.numel()) for x in ids)
-            t += -t % self.geometry.row_multiple
-            out.append(([x.cpu().numpy().tobytes() for x in ids], [int(x.numel()) for x in ids], t))
-        return out
+    def _micro_layout(self, batch: SequenceBatch, dp_rank: int) -> list[MicroLayout]:
+        """Per micro-batch of DP rank ``dp_rank``, as :meth:`_split` forms them: where its sequences sit."""
+        return micro_layouts(batch.input_ids, self._plan(batch).ranks[dp_rank], self.geometry)
 
     def _mini_batch_tokens(self, batch: SequenceBatch) -> int:
         """Tokens the routers see in one update: every micro-batch's row tokens (padding included) over
@@ -383,6 +373,7 @@ class LocalAgent:
             out.append(self._update(m, mini, loss_fn, temperature))
             tokens += mini.num_tokens()
             real, run = real + self._split_tokens[0], run + self._split_tokens[1]
+        gather_updated_params(self.model)  # what runs next (weight sync, save) reads the parameters
         self._stats["pad_fraction"] = 1.0 - real / max(run, 1)  # over the updates' micro-batches
         if self._replay is not None:  # the step's π_old routes are used up
             self._replay.clear()

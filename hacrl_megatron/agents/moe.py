@@ -33,9 +33,12 @@ import contextlib
 import functools
 import inspect
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from hacrl_megatron.agents.packing import Geometry, round_up
 
 
 @functools.cache
@@ -126,6 +129,42 @@ class RouterLosses:
         out["moe/z_loss_coeff"] = self.z_coeff
 
 
+@dataclass(frozen=True)
+class MicroLayout:
+    """Where one micro-batch's sequences sit in the model input, for the router's ``[T, B]`` grid.
+
+    keys: each sequence's token ids as bytes; lengths: their token counts; t_max: the row length T
+    the model sees (padding included); places: per sequence, its (row b, first position) in the grid:
+    ``(b, 0)`` for right-padded rows, ``(0, start)`` for a packed row (agents/schedule.py).
+    """
+
+    keys: list[bytes]
+    lengths: list[int]
+    t_max: int
+    places: list[tuple[int, int]]
+
+    @property
+    def rows(self) -> int:
+        return max(b for b, _ in self.places) + 1
+
+
+def micro_layouts(input_ids: tuple[torch.Tensor, ...], groups: tuple[tuple[int, ...], ...],
+                  geometry: Geometry) -> list[MicroLayout]:
+    """The :class:`MicroLayout` of each micro-batch ``groups[j]`` (indices into ``input_ids``) as
+    agents/schedule.py builds its rows under ``geometry``: a packed row holds each sequence from the end
+    of the previous one's slot (its length rounded up to ``seq_multiple``); padded rows one each."""
+    out = []
+    for idx in groups:
+        lengths = [int(input_ids[i].numel()) for i in idx]
+        if geometry.packed:
+            starts = [sum(round_up(n, geometry.seq_multiple) for n in lengths[:j]) for j in range(len(lengths))]
+            places, t_max = [(0, s) for s in starts], geometry.tokens(lengths)
+        else:
+            places, t_max = [(j, 0) for j in range(len(lengths))], round_up(max(lengths), geometry.row_multiple)
+        out.append(MicroLayout([input_ids[i].cpu().numpy().tobytes() for i in idx], lengths, t_max, places))
+    return out
+
+
 class RoutingReplayError(RuntimeError):
     """A training sequence has no recorded routing (it was not scored in this step's π_old pass)."""
 
@@ -133,8 +172,8 @@ class RoutingReplayError(RuntimeError):
 class RoutingReplay:
     """Record the top-k experts of every token in no-grad passes; replay them in the updates.
 
-    ``record(keys, lengths)`` / ``replay(keys, lengths)`` take, per micro-batch in schedule order,
-    each sequence's key (its token ids as bytes) and length; the schedule's forwards are matched to
+    ``record(micro)`` / ``replay(micro)`` take, per micro-batch in schedule order, its
+    :class:`MicroLayout` (each sequence's key, length and place in the padded or packed rows); the schedule's forwards are matched to
     them by forward hooks on the GPTModel (megatron-core runs micro-batches in order on every stage).
     Tensors: recorded indices ``[T_local·B, k]`` per MoE layer of this stage (``T_local`` = T/tp
     under sequence parallelism), stored per sequence as ``[len, k]`` uint8/int16 on the host.
@@ -153,7 +192,7 @@ class RoutingReplay:
         self.dtype = torch.uint8 if num_experts <= 256 else torch.int16
         self.routes: dict[bytes, list[torch.Tensor]] = {}
         self.version: int | None = None  # the update count the routes were recorded at
-        self._queue: list[tuple[list[bytes], list[int], int]] = []
+        self._queue: list[MicroLayout] = []
         self._mode: str | None = None
         self._topk = 0
         model.register_forward_pre_hook(self._before_forward)
@@ -163,17 +202,17 @@ class RoutingReplay:
     def _before_forward(self, module: Any, args: Any) -> None:
         if self._mode != "replay":
             return
-        keys, lengths, t_max = self._queue.pop(0)
+        layout = self._queue.pop(0)
         for layer, inst in enumerate(self.instances):
-            inst.set_target_indices(self._targets(keys, lengths, t_max, layer))
+            inst.set_target_indices(self._targets(layout, layer))
 
     def _after_forward(self, module: Any, args: Any, output: Any) -> None:
         if self._mode != "record":
             return
-        keys, lengths, _ = self._queue.pop(0)
-        per_layer = [self._full_sequence(inst.get_recorded_indices(), len(keys)) for inst in self.instances]
-        for b, (key, n) in enumerate(zip(keys, lengths)):
-            self.routes[key] = [idx[:n, b].to(self.dtype).cpu() for idx in per_layer]
+        layout = self._queue.pop(0)
+        per_layer = [self._full_sequence(inst.get_recorded_indices(), layout.rows) for inst in self.instances]
+        for key, n, (b, start) in zip(layout.keys, layout.lengths, layout.places):
+            self.routes[key] = [idx[start : start + n, b].to(self.dtype).cpu() for idx in per_layer]
 
     def _full_sequence(self, idx: torch.Tensor, batch: int) -> torch.Tensor:
         """[T_local·B, k] → [T, B, k], gathering the sequence-parallel shards over TP."""
@@ -186,26 +225,26 @@ class RoutingReplay:
         torch.distributed.all_gather(parts, idx.contiguous(), group=mpu.get_tensor_model_parallel_group())
         return torch.cat(parts)
 
-    def _targets(self, keys: list[bytes], lengths: list[int], t_max: int, layer: int) -> torch.Tensor:
+    def _targets(self, layout: MicroLayout, layer: int) -> torch.Tensor:
         from megatron.core import parallel_state as mpu
 
         k = self._topk
         # padding positions get experts 0..k-1: they reach the aux loss only, never a real token
-        out = torch.arange(k).expand(t_max, len(keys), k).clone()
-        for b, (key, n) in enumerate(zip(keys, lengths)):
+        out = torch.arange(k).expand(layout.t_max, layout.rows, k).clone()
+        for key, n, (b, start) in zip(layout.keys, layout.lengths, layout.places):
             if key not in self.routes:
                 raise RoutingReplayError(
                     f"agent {self.agent}: routing replay has no recorded experts for a training sequence of "
                     f"{n} tokens: every sequence of the updates must be scored in the step's π_old pass first")
-            out[:n, b] = self.routes[key][layer].long()
+            out[start : start + n, b] = self.routes[key][layer].long()
         if self.sp:
-            r, chunk = mpu.get_tensor_model_parallel_rank(), t_max // self.tp
+            r, chunk = mpu.get_tensor_model_parallel_rank(), layout.t_max // self.tp
             out = out[r * chunk : (r + 1) * chunk]
         return out.reshape(-1, k)
 
     # -- record / replay -----------------------------------------------------------------------
     @contextlib.contextmanager
-    def record(self, micro: list[tuple[list[bytes], list[int], int]], version: int, dp_group: Any) -> Iterator[None]:
+    def record(self, micro: list[MicroLayout], version: int, dp_group: Any) -> Iterator[None]:
         """Record the routes of the ``micro``-batches run inside the block (weights at update ``version``)."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 
@@ -222,7 +261,7 @@ class RoutingReplay:
                 self.routes.update(part)
 
     @contextlib.contextmanager
-    def replay(self, micro: list[tuple[list[bytes], list[int], int]], version: int) -> Iterator[None]:
+    def replay(self, micro: list[MicroLayout], version: int) -> Iterator[None]:
         """Replay the recorded routes in the forwards of the block (a training update)."""
         from megatron.core.transformer.moe.router_replay import RouterReplayAction
 

@@ -38,6 +38,11 @@ from hacrl_megatron.config.schema import (
     SGLangConfig,
     VLLMConfig,
 )
+from hacrl_megatron.config.validation_scale import (
+    validate_context_parallel,
+    validate_data_parallel_overlap,
+    validate_row_geometry,
+)
 
 # --------------------------------------------------------------------------------------------
 # validation
@@ -79,6 +84,8 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
         except LayoutError as err:
             raise ConfigError(f"{path}.parallel.pp={p.pp!r}: {err}") from None
     validate_moe(agent_cfg, path)
+    validate_data_parallel_overlap(agent_cfg, path)
+    validate_context_parallel(agent_cfg, path)
     _rule(agent_cfg.workers != "local" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.workers", agent_cfg.workers,
           f"an agent with tp={p.tp}, pp={p.pp}, dp={p.dp} needs its own world: set workers: ray or auto "
           "(local agents share the controller's single process)")
@@ -446,6 +453,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
           f"must divide train.prompts_per_step={t.prompts_per_step} (the step's sequences are shuffled and split into M equal mini-batches)")
     _rule(t.micro_batch_size >= 1, "train.micro_batch_size", t.micro_batch_size, "must be >= 1")
     validate_token_budget(cfg)
+    validate_row_geometry(cfg)
     _rule(t.grad_clip >= 0, "train.grad_clip", t.grad_clip, "must be >= 0 (0 disables)")
     _rule(t.lr_schedule in ("constant", "cosine"), "train.lr_schedule", t.lr_schedule,
           "must be one of ['constant', 'cosine']")

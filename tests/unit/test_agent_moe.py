@@ -237,3 +237,39 @@ def test_reference_pass_records_no_routes(hf_dir):
     agent.keep_reference()
     agent.reference_token_logprobs(sample_batch())
     assert agent._replay.routes == {}
+
+
+def test_routing_replay_of_packed_rows_records_and_replays_each_sequences_experts(hf_dir):
+    """With ``train.pack_sequences`` several sequences share one row, each from its slot's start: the
+    routes recorded from packed rows equal those of padded rows, sequence by sequence, and the update
+    replays them at the packed positions (the router's output there is the recorded experts)."""
+    batch = sample_batch(lens=(7, 5, 9, 6), prompts=(3, 2, 4, 1))
+
+    def agent(packed: bool) -> LocalAgent:
+        cfg = AgentConfig(name="p" if packed else "q", model=ModelConfig(arch="qwen3_moe", hf_path=hf_dir,
+                          moe_routing_replay=True), lr=0.3, parallel=ParallelConfig())
+        train = TrainConfig(micro_batch_size=4, grad_clip=0.0, max_tokens_per_microbatch=16, pack_sequences=packed)
+        return LocalAgent(cfg, train)
+
+    padded, packed = agent(False), agent(True)
+    padded.token_logprobs(batch)
+    packed.token_logprobs(batch)
+    assert set(packed._replay.routes) == set(padded._replay.routes) and len(packed._replay.routes) == 4
+    for key, routes in padded._replay.routes.items():
+        assert all(torch.equal(a, b) for a, b in zip(packed._replay.routes[key], routes))
+    layouts = packed._micro_layout(batch, 0)
+    assert any(len(m.keys) > 1 for m in layouts) and all(m.rows == 1 for m in layouts)  # sequences share rows
+    used = []
+    hooks = [r.register_forward_hook(lambda m, a, o: used.append(o[1].detach().clone())) for r in routers(packed.module)]
+    packed.train([batch], sft_loss)
+    for h in hooks:
+        h.remove()
+    layers = len(packed._replay.instances)
+    assert len(used) == layers * len(layouts)
+    for j, layout in enumerate(layouts):  # megatron runs micro-batches in order, layers in order
+        for layer in range(layers):
+            routing = used[j * layers + layer].reshape(layout.t_max, -1)  # [T, E] routing map of the row
+            for key, n, (_, start) in zip(layout.keys, layout.lengths, layout.places):
+                chosen = routing[start : start + n].nonzero()[:, 1].reshape(n, -1)
+                expected = padded._replay.routes[key][layer]  # = the packed agent's own (asserted above)
+                assert torch.equal(chosen.sort(1).values, expected.long().sort(1).values)
