@@ -6,7 +6,7 @@ Torch is pinned to the release tested on our CPU CI machines; on GPU clusters wi
 
 from setuptools import find_packages, setup
 
-TORCH = "torch>=2.6,<=2.14.1"  # 2.13.0 (CPU wheel) is what CI tests; see README
+TORCH = "torch>=2.6,<=2.14.1"  # 2.13.0 (CPU wheel) is what CI tests; see docs/measured.md §1
 
 extras = {
     # megatron-core: 0.16.1 is the Python-3.11 baseline; 0.19.x needs --ignore-requires-python on 3.11.
