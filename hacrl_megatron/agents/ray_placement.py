@@ -61,7 +61,7 @@ def ensure_ray(address: str | None = None, **init_kwargs: Any) -> Any:
     A private cluster serves this machine only, so its services (GCS, raylet, object manager,
     workers) listen on 127.0.0.1, not on every interface as Ray's default node address would have
     them. Clusters that are joined keep their own addresses: multi-node clusters rely on a private
-    cluster network (README, "Security notes").
+    cluster network (docs/security.md, "In short").
     """
     ray = require_ray()
     if not ray.is_initialized():

@@ -176,7 +176,7 @@ class SGLangConfig:
     api_key_file: str = ""
     # true: the servers run on CPU torch (SGLANG_USE_CPU_ENGINE=1, --device cpu, torch-native attention and
     # sampler, --dtype of the agent's model.dtype; rollout/sglang_server.CPU_FLAGS). Needs the CPU recipe in
-    # the server's environment (README "Engines": .ci/sglang.sh install); SGLang's own CPU kernels are not used
+    # the server's environment (docs/engines.md: .ci/sglang.sh install); SGLang's own CPU kernels are not used
     cpu: bool = False
 
     def auto_weight_sync(self, colocate: bool) -> str:

@@ -7,8 +7,8 @@
     hacrl launch --executor slurm ... --per-agent-jobs exchange.backend=redis exchange.redis_url=...  # a job per agent
 
 Container image (docker and slurm): ``--container-image``, else ``$HACRL_IMAGE``, else
-``hacrl-megatron:<package version>``, the tag the top-level Dockerfile is built with (README
-"Containers"); ``--container-image none`` runs a Slurm job on the nodes' own Python environment, and
+``hacrl-megatron:<package version>``, the tag the top-level Dockerfile is built with (docs/clusters.md,
+"The container image"); ``--container-image none`` runs a Slurm job on the nodes' own Python environment, and
 ``--container-image /shared/images/hacrl.sqsh`` (an absolute path ending in .sqsh) runs it from a
 squashfs file on the shared filesystem. Slurm jobs take all of each node's memory (``--mem 0``), are
 not requeued unless ``--requeue`` is given (accepted only with ``checkpoint.resume=true``: a restarted
@@ -37,7 +37,7 @@ NO_IMAGE = "none"
 
 
 def default_image() -> str:
-    """``$HACRL_IMAGE``, else ``hacrl-megatron:<package version>`` (README "Containers": build and tag)."""
+    """``$HACRL_IMAGE``, else ``hacrl-megatron:<package version>`` (docs/clusters.md: build and tag)."""
     return os.environ.get(IMAGE_ENV) or f"{IMAGE_NAME}:{__version__}"
 
 

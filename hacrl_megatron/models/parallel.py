@@ -15,8 +15,8 @@ the loopback interface unless ``GLOO_SOCKET_IFNAME`` says otherwise. NCCL's inte
 NCCL (``NCCL_SOCKET_IFNAME``): the same process may also join a weight-update group with SGLang
 servers on other nodes (``sync/distributed.py``), which a loopback-only NCCL could not reach.
 Multi-node worlds listen on rank 0's node address (``MASTER_ADDR``, the store is bound to it, not to
-every interface) without authentication and rely on a private cluster network (README, "Security
-notes").
+every interface) without authentication and rely on a private cluster network (docs/security.md,
+"In short").
 """
 
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _init_process_group(backend: str) -> None:
             _use_loopback_interface()
             store = _loopback_store(rank, world, int(os.environ["MASTER_PORT"]))
             dist.init_process_group(backend=backend, store=store, rank=rank, world_size=world)
-        else:  # multi-node: the cluster network is trusted (README, "Security notes"); the store listens on
+        else:  # multi-node: the cluster network is trusted (docs/security.md, "In short"); the store listens on
             # rank 0's node address only (MASTER_ADDR), not on every interface of that node
             from torch.distributed.constants import default_pg_timeout
 

@@ -1,6 +1,6 @@
 """Single-node worlds listen on loopback only (item 15): the torch.distributed rendezvous store and
 gloo's sockets of a world on one machine, Ray agents' worlds on one node, and a private Ray cluster.
-Multi-node worlds keep rank 0's address (the README's security notes state the trust assumption)."""
+Multi-node worlds keep rank 0's address (docs/security.md states the trust assumption)."""
 
 from __future__ import annotations
 

@@ -106,7 +106,7 @@ def test_70b_step_is_the_sum_of_stage_maxima(plan70b):
         if k not in ("verify_s", "retokenize_s"):
             assert stages[k] == pytest.approx(max(t[k] for t in times), abs=0.01), k
     assert plan70b["step_time_s"] == pytest.approx(sum(stages.values()), abs=0.02)
-    assert plan70b["step_time_s"] == pytest.approx(1355.4, abs=0.5)  # README's Scaling table
+    assert plan70b["step_time_s"] == pytest.approx(1355.4, abs=0.5)  # docs/scaling.md's table
     rest = sum(v for k, v in stages.items() if k != "rollout_s")
     assert plan70b["step_time_one_step_off_s"] == plan70b["step_time_async_s"] == \
         pytest.approx(max(stages["rollout_s"], rest), abs=0.01)

@@ -1,4 +1,4 @@
-"""README.md's Scaling table and docs/planner.md's preset table are `hacrl plan`'s output
+"""docs/scaling.md's table and docs/planner.md's preset table are `hacrl plan`'s output
 (tools/plan_tables.py renders them): a planner change that moves a number fails here until the
 tables are regenerated (``python tools/plan_tables.py --write``)."""
 

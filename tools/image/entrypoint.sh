@@ -1,5 +1,5 @@
 #!/bin/sh
-# Entrypoint of the hacrl-megatron image (see Dockerfile, README "Containers").
+# Entrypoint of the hacrl-megatron image (see Dockerfile, docs/clusters.md).
 #   docker run IMAGE hacrl train --preset cpu_demo      -> runs that command
 #   docker run IMAGE python -m pytest -q tests/unit     -> runs that command
 #   docker run IMAGE train --preset cpu_demo            -> `hacrl train ...` (not a program: a hacrl sub-command)

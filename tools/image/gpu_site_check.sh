@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What the CPU smoke build (tools/image/smoke_build.sh) cannot check: run inside the real image on a
-# GPU node, from the image's working directory (README "Containers", status table):
+# GPU node, from the image's working directory (docs/clusters.md, docs/status.md):
 #
 #   docker run --rm --gpus all --ipc=host hacrl-megatron:0.1.0 bash tools/image/gpu_site_check.sh
 #

@@ -1,4 +1,4 @@
-"""Make the engine virtual environments load the trainer's NCCL (run in the image build; README "Containers").
+"""Make the engine virtual environments load the trainer's NCCL (run in the image build; docs/clusters.md).
 
     python3 tools/image/nccl_align.py [--check] /opt/sglang/bin/python /opt/vllm/bin/python
 
