@@ -19,8 +19,8 @@ from typing import Any, Protocol
 
 import torch
 
+from hacrl_megatron.agents import logprob_path as paths
 from hacrl_megatron.agents.batch import LogProbOutput
-from hacrl_megatron.agents.logprob_path import LogProbPath, logprob_path
 from hacrl_megatron.kernels import sequence_logprobs
 
 
@@ -54,7 +54,7 @@ class LMHead:
         reductions, and the scored rows' all-gather under sequence parallelism.
     """
 
-    path: LogProbPath
+    path: paths.LogProbPath
     vocab_size: int
     weight: Callable[[], torch.Tensor] | None = None
     tp_group: object = None
@@ -71,7 +71,7 @@ def build_lm_head(model: Any, impl: str, *, vocab_size: int, tp: int, sequence_p
     On the fused path the last stage's output layer becomes a pass-through (:func:`install_hidden_head`).
     ``sequence_parallel``: as configured; it takes effect only with tp > 1 (megatron's rule).
     """
-    path = logprob_path(impl, sequence_parallel and tp > 1)
+    path = paths.logprob_path(impl, sequence_parallel and tp > 1)
     if path.materialises_logits:
         return LMHead(path, vocab_size)
     from megatron.core import parallel_state as mpu
