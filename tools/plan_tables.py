@@ -65,7 +65,7 @@ def plan(row: Row) -> dict[str, Any] | str:
     from hacrl_megatron.plan.search import PlanError
 
     args = Namespace(preset=row.preset, overrides=list(row.overrides), nodes=row.nodes, gpus_per_node=8,
-                     gpu_memory_gib=row.gpu_memory_gib, gpu=row.gpu)
+                     gpu_memory_gib=row.gpu_memory_gib, gpu=row.gpu, logprob_impl="auto")
     try:
         return _experiment(args)
     except PlanError as err:

@@ -27,7 +27,7 @@ from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.ddp import ddp_config, gather_updated_params, wire_overlap
 from hacrl_megatron.agents.handle import CompletedResult
-from hacrl_megatron.agents.lm_head import LMHead, install_hidden_head
+from hacrl_megatron.agents.lm_head import build_lm_head
 from hacrl_megatron.agents.moe import MicroLayout, RouterLosses, RoutingReplay, micro_layouts
 from hacrl_megatron.agents.packing import (
     MicroBatchPlan,
@@ -113,9 +113,9 @@ class LocalAgent:
             checkpoint from :meth:`save`), else megatron's random init (std 0.02).
         hf_config: the HF config of the model (overrides ``agent_cfg.model``; see :meth:`from_hf_model`).
         logprob_impl: "auto" | "reference" | "triton": ``hacrl_megatron.kernels.sequence_logprobs``
-            from hidden states (no [N, V] logits; "auto" = Triton on CUDA, torch reference on CPU);
-            "megatron": logits + megatron's ``vocab_parallel_cross_entropy`` (also used with
-            sequence parallelism, whose hidden states are sharded along the sequence).
+            from hidden states (no [N, V] logits; "auto" = Triton on CUDA, torch reference on CPU),
+            with or without sequence parallelism; "megatron": logits + megatron's
+            ``vocab_parallel_cross_entropy`` (agents/logprob_path.py).
         total_updates: optimizer updates of the whole run (cosine decay length); default
             ``train_cfg.steps * train_cfg.mini_batches``.
     """
@@ -140,7 +140,8 @@ class LocalAgent:
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
         self._router_losses, self._replay = self._moe_bookkeeping(model, moe, par.tp)
-        self.head = self._lm_head(model, logprob_impl, par.sequence_parallel)
+        self.head = build_lm_head(model, logprob_impl, vocab_size=self.spec.vocab_size, tp=par.tp,
+                                  sequence_parallel=par.sequence_parallel)
         self.model, self.optimizer, self.scheduler = self._build_training(model, agent_cfg, train_cfg, total_updates)
         self.updates = 0
         self._stats: dict[str, float] = {}
@@ -157,24 +158,6 @@ class LocalAgent:
         replay = RoutingReplay(model, self.spec.num_experts, tp, self.sequence_parallel, self.name) \
             if moe.routing_replay else None
         return losses, replay
-
-    def _lm_head(self, model: Any, impl: str, sequence_parallel: bool) -> LMHead:
-        from megatron.core import parallel_state as mpu
-
-        allowed = ("auto", "reference", "triton", "megatron")
-        if impl not in allowed:
-            raise ValueError(f"logprob_impl={impl!r}: must be one of {list(allowed)}")
-        if impl == "megatron" or sequence_parallel:
-            return LMHead("megatron", self.spec.vocab_size)
-        if model.post_process:
-            install_hidden_head(model)
-        tied = model.share_embeddings_and_output_weights
-
-        def weight() -> torch.Tensor:
-            return model.shared_embedding_or_output_weight() if tied else model.output_layer.weight
-
-        group = mpu.get_tensor_model_parallel_group() if self.info.tp > 1 else None
-        return LMHead(impl, self.spec.vocab_size, weight, group)
 
     @classmethod
     def from_hf_model(cls, agent_cfg: AgentConfig, hf_model: Any, *, train_cfg: TrainConfig,

@@ -3,6 +3,7 @@
     hacrl plan --preset P [overrides] --nodes N --gpus-per-node G --gpu-memory-gib M [--gpu h100] [--json]
     hacrl plan --model DIR_OR_CONFIG_JSON --tp T --pp P --dp D --gpu-memory-gib M [--recompute full]
                [--no-dist-opt] [--rollout-mem-fraction F] [--json]
+    either: [--logprob-impl auto|reference|triton|megatron] (the trainers' log-prob path, default auto)
 
 The first searches every agent's layout at once and prints them with the overrides (and a preset
 YAML) that ``hacrl train`` / ``hacrl launch`` accept unchanged. The second evaluates one layout of
@@ -21,6 +22,7 @@ import os
 import sys
 from typing import Any
 
+from hacrl_megatron.agents.logprob_path import LOGPROB_IMPLS
 from hacrl_megatron.plan.memory import COLOCATION
 
 MAX_NODES = 256  # the layout search's time grows with the nodes it splits between trainers and engines
@@ -35,6 +37,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu-memory-gib", type=float, required=True, help="memory per GPU in GiB (80 GB = 74.5 GiB)")
     p.add_argument("--gpu", default="h100", help="a100 | h100 | h200 | b200: peak TFLOP/s and HBM GB/s (default h100)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--logprob-impl", choices=LOGPROB_IMPLS, default="auto",
+                   help="the trainers' log-prob path: auto | reference | triton (our fused kernel, no logits, "
+                   "also under sequence parallelism) or megatron (materialised logits on the last stage); "
+                   "default auto, as hacrl train")
     c = p.add_argument_group("--preset: the cluster")
     c.add_argument("--nodes", type=int, help="nodes in the cluster")
     c.add_argument("--gpus-per-node", type=int, help="GPUs per node")
@@ -66,6 +72,11 @@ class _BadInput(ValueError):
     pass
 
 
+def _logprob_impl(args: argparse.Namespace) -> str:
+    """``--logprob-impl``; "auto" (the trainer's default) for a Namespace built without it (tools, tests)."""
+    return getattr(args, "logprob_impl", "auto")
+
+
 def _cluster(args: argparse.Namespace, nodes: int, gpn: int) -> Any:
     from hacrl_megatron.plan.gpus import gpu_by_name
     from hacrl_megatron.plan.search import Cluster
@@ -91,7 +102,7 @@ def _experiment(args: argparse.Namespace) -> dict[str, Any]:
     for ov in args.overrides:
         apply_override(data, ov)
     cfg = validate(from_dict(ExperimentConfig, data))
-    plan = plan_experiment(cfg, cluster, data)
+    plan = plan_experiment(cfg, cluster, data, logprob_impl=_logprob_impl(args))
     agents = [agent_dict(p, src.split(": ", 1)[1]) for p, src in zip(plan.agents, plan.sources)]
     out = {"mode": "experiment", "preset": args.preset, "agents": agents,
            "cluster": {"nodes": cluster.nodes, "gpus_per_node": cluster.gpus_per_node,
@@ -101,12 +112,12 @@ def _experiment(args: argparse.Namespace) -> dict[str, Any]:
            "assumptions": assumptions_dict(plan.assumptions, cluster), "notes": list(plan.notes),
            "overrides": list(plan.overrides), "preset_yaml": plan.preset_yaml}
     if plan.rollout is not None and plan.placement.colocated:
-        out["overlap_plan"] = _overlap_plan(cfg, cluster, data)
+        out["overlap_plan"] = _overlap_plan(cfg, cluster, data, _logprob_impl(args))
         out["step_time_one_step_off_s"] = out["step_time_async_s"] = out["overlap_plan"].get("step_time_s")
     return out
 
 
-def _overlap_plan(cfg: Any, cluster: Any, data: dict) -> dict[str, Any]:
+def _overlap_plan(cfg: Any, cluster: Any, data: dict, logprob_impl: str = "auto") -> dict[str, Any]:
     """Colocated engines cannot generate while their trainer trains: the best plan with engines on
     GPUs of their own for ``train.rollout_mode: one_step_off`` / ``async`` (or why there is none)."""
     from hacrl_megatron.plan.experiment import plan_experiment
@@ -114,7 +125,8 @@ def _overlap_plan(cfg: Any, cluster: Any, data: dict) -> dict[str, Any]:
     from hacrl_megatron.plan.search import PlanError
 
     try:
-        alt = plan_experiment(cfg, cluster, data, colocate=False, objective="one_step_off")
+        alt = plan_experiment(cfg, cluster, data, colocate=False, objective="one_step_off",
+                              logprob_impl=logprob_impl)
     except PlanError as err:
         return {"step_time_s": None, "why": str(err)}
     fields = step_fields(alt)
@@ -165,7 +177,8 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     except ValueError as err:
         raise _BadInput(f"model {name!r}: {err}") from None
     micro = max(1, args.global_batch // args.micro_batch_size)
-    work = Workload(seq_len=args.seq_len, micro_batch=args.micro_batch_size, microbatches=micro)
+    work = Workload(seq_len=args.seq_len, micro_batch=args.micro_batch_size, microbatches=micro,
+                    logprob_impl=_logprob_impl(args))
     tokens = Tokens(prompts=args.global_batch, samples=1, agents=1, prompt_len=args.seq_len // 4,
                     max_response_len=args.seq_len - args.seq_len // 4, updates=1, micro_batch=args.micro_batch_size)
     rollout = None
@@ -176,7 +189,8 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     plan = evaluate(AgentWork(name, spec, work, tokens), layout, cluster, rollout)
     return {"mode": "model", "model": args.model, "agents": [agent_dict(plan, args.model)],
             "workload": {"seq_len": args.seq_len, "micro_batch_size": args.micro_batch_size,
-                         "global_batch": args.global_batch, "grad_dtype": args.grad_dtype},
+                         "global_batch": args.global_batch, "grad_dtype": args.grad_dtype,
+                         "logprob_impl": _logprob_impl(args)},
             "assumptions": assumptions_dict(Assumptions(), cluster)}
 
 

@@ -143,8 +143,9 @@ def cross_responses(cfg: ExperimentConfig, works: list[AgentWork]) -> int:
     return differ * tokens.own_sequences * (2 if tokens.old_on_others else 1)
 
 
-def agent_works(cfg: ExperimentConfig) -> tuple[list[AgentWork], list[str]]:
-    """Each agent's :class:`AgentWork` from the config (micro-batches padded to the longest sequence)."""
+def agent_works(cfg: ExperimentConfig, logprob_impl: str = "auto") -> tuple[list[AgentWork], list[str]]:
+    """Each agent's :class:`AgentWork` from the config (micro-batches padded to the longest sequence;
+    ``logprob_impl``: the trainers' log-prob path, as ``LocalAgent``'s argument)."""
     r, t = cfg.rollout, cfg.train
     tokens = step_tokens(cfg)
     works, sources = [], []
@@ -152,7 +153,7 @@ def agent_works(cfg: ExperimentConfig) -> tuple[list[AgentWork], list[str]]:
         spec, source = agent_spec(agent)
         micro = max(1, tokens.trained_sequences // (t.mini_batches * t.micro_batch_size))
         work = Workload(seq_len=r.max_prompt_len + r.max_response_len, micro_batch=t.micro_batch_size,
-                        microbatches=micro)
+                        microbatches=micro, logprob_impl=logprob_impl)
         works.append(AgentWork(agent.name, spec, work, tokens, agent.model.moe_routing_replay))
         sources.append(f"{agent.name}: {source}")
     return works, sources
@@ -269,17 +270,19 @@ def _objective(cfg: ExperimentConfig) -> str:
 
 
 def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assumptions: Assumptions = Assumptions(),
-                    *, colocate: bool | None = None, objective: str | None = None) -> ExperimentPlan:
+                    *, colocate: bool | None = None, objective: str | None = None,
+                    logprob_impl: str = "auto") -> ExperimentPlan:
     """Search every agent's layout at once (module docstring of :mod:`.search`) over the candidate
     placements, keeping the shortest step of ``objective`` (``sync``: :func:`~.timing.step_seconds`;
     ``one_step_off``/``async``: :func:`~.timing.overlapped_step_seconds`; default: the config's
     rollout mode). ``colocate``: engines on the trainers' GPUs (default: on one node when the mode
-    is ``sync``; never on several nodes). Raises :class:`PlanError` naming the agent (or the
+    is ``sync``; never on several nodes). ``logprob_impl``: the trainers' log-prob path (memory of
+    the last stage, agents/logprob_path.py). Raises :class:`PlanError` naming the agent (or the
     cluster) when nothing fits."""
     objective = objective or _objective(cfg)
     if objective not in MODES:
         raise PlanError(f"train.rollout_mode={objective!r}: must be one of {list(MODES)}")
-    works, sources = agent_works(cfg)
+    works, sources = agent_works(cfg, logprob_impl)
     if colocate is None:
         colocate = cluster.nodes == 1 and objective == "sync"
     if colocate and cluster.nodes > 1:

@@ -15,12 +15,18 @@ of ``p`` keeps ``min(p − i, micro-batches)`` micro-batches in flight (Sec. 4.2
 holds ``p``). MoE layers keep, per token, the ``k`` routed copies of the expert input and the
 experts' inner tensors at width ``k·f_e / etp`` (balanced routing: each expert-parallel rank
 receives as many token copies as it sends), plus the router's fp32 probabilities ``4·E`` bytes.
+
+The last stage's log-prob head follows the trainer: ``agents.logprob_path.logprob_path`` (the
+function ``LocalAgent`` builds its head from) picks the path for the workload's ``logprob_impl`` and
+the layout's sequence parallelism, and only its ``megatron`` path holds materialised logits
+(:func:`head_bytes`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hacrl_megatron.agents import logprob_path as paths
 from hacrl_megatron.config.layout import LayoutError, expert_data_parallel, pipeline_layers
 from hacrl_megatron.models.provider import RECOMPUTE, ArchSpec
 from hacrl_megatron.plan.params import stage_param_split
@@ -68,6 +74,11 @@ class Layout:
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
 
+    @property
+    def sequence_sharded(self) -> bool:
+        """Sequence parallelism in effect: asked for and tp > 1 (megatron ignores it at tp = 1)."""
+        return self.sequence_parallel and self.tp > 1
+
 
 @dataclass(frozen=True)
 class Workload:
@@ -75,15 +86,25 @@ class Workload:
 
     seq_len: tokens per sequence (prompt + response; micro-batches are padded to the longest).
     micro_batch: sequences per micro-batch. microbatches: micro-batches per DP rank and update
-    (pipeline in-flight count and bubble). fused_logprobs: our kernel instead of materialised
-    logits. flash_attention: fused attention (Transformer Engine on GPU) keeps no score matrix.
+    (pipeline in-flight count and bubble). logprob_impl: the trainer's ``logprob_impl`` ("auto" |
+    "reference" | "triton": our fused kernel, no logits; "megatron": materialised logits), which
+    with the layout's sequence parallelism gives the head's path (``agents.logprob_path``).
+    flash_attention: fused attention (Transformer Engine on GPU) keeps no score matrix.
     """
 
     seq_len: int
     micro_batch: int = 1
     microbatches: int = 64
-    fused_logprobs: bool = True
+    logprob_impl: str = "auto"
     flash_attention: bool = True
+
+    def __post_init__(self) -> None:
+        if self.logprob_impl not in paths.LOGPROB_IMPLS:
+            raise ValueError(f"logprob_impl={self.logprob_impl!r}: must be one of {list(paths.LOGPROB_IMPLS)}")
+
+    def logprob_path(self, layout: Layout) -> paths.LogProbPath:
+        """The trainer's log-prob path at ``layout`` (sequence parallelism counts only with tp > 1)."""
+        return paths.logprob_path(self.logprob_impl, layout.sequence_sharded)
 
 
 @dataclass(frozen=True)
@@ -96,8 +117,10 @@ class StageMemory:
     grads: float
     optimizer: float
     activations: float  # layers' saved activations + the last stage's log-prob head
-    logits_avoided: float  # what materialised logits would add on this stage (0 with them on)
+    logits_avoided: float  # last stage: what materialised logits add over the fused kernel (either path)
     overhead: float
+    logits: float = 0.0  # materialised logits inside ``activations`` (megatron path, last stage), else 0
+    logprob_path: str = "fused"  # the head's path (agents.logprob_path): fused | megatron
 
     @property
     def static(self) -> float:
@@ -152,17 +175,31 @@ def _layer_bytes(spec: ArchSpec, layout: Layout, work: Workload, recompute: str)
     return out
 
 
-def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, fused: bool) -> float:
-    """The log-prob head's saved memory on the last stage for one micro-batch.
+def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, path: paths.LogProbPath) -> float:
+    """Materialised logits on the last stage for one micro-batch: bf16 logits and their fp32 softmax
+    for backward, ``6 B × tokens × V_pad/t`` on the ``megatron`` path; exactly 0 on the fused path."""
+    if not path.materialises_logits:
+        return 0.0
+    return 6 * work.seq_len * work.micro_batch * spec.padded_vocab_size(layout.tp) / layout.tp
 
-    Materialised (Megatron's vocab-parallel path): bf16 logits and their fp32 softmax for
-    backward, ``6 B × tokens × V_pad/t``. Fused (ours): fp32 log-sum-exp and log-prob per token
-    plus one bounded backward slice (:data:`FUSED_WORKSPACE_BYTES`)."""
+
+def head_bytes(spec: ArchSpec, layout: Layout, work: Workload, path: paths.LogProbPath) -> float:
+    """The log-prob head's saved memory on the last stage for one micro-batch (bytes, one TP rank).
+
+    Both paths keep their input's bf16 hidden states: megatron's output layer the stage output
+    (``2 B × tokens × h``, ``/t`` under sequence parallelism: it re-gathers the sequence in backward),
+    our fused kernel the scored rows (``2 B × tokens × h`` on every TP rank: under sequence
+    parallelism they are all-gathered, ``path.gather_rows``). Then megatron's :func:`logits_bytes`, or
+    the kernel's fp32 log-sum-exp and log-prob per token plus one bounded backward slice
+    (:data:`FUSED_WORKSPACE_BYTES`). Every token of the micro-batch counts as scored (an upper bound).
+    """
     tokens = work.seq_len * work.micro_batch
+    hidden = 2 * tokens * spec.hidden_size
+    if path.materialises_logits:
+        return hidden / (layout.tp if layout.sequence_sharded else 1) + logits_bytes(spec, layout, work, path)
     local_logits = tokens * spec.padded_vocab_size(layout.tp) / layout.tp
-    if fused:  # the backward slice is at most the whole local [tokens, V_pad/tp] in bf16
-        return 8 * tokens + min(FUSED_WORKSPACE_BYTES, 2 * local_logits)
-    return 6 * local_logits
+    # the backward slice is at most the whole local [tokens, V_pad/tp] in bf16
+    return hidden + 8 * tokens + min(FUSED_WORKSPACE_BYTES, 2 * local_logits)
 
 
 def model_state_bytes(params: int, dp: int, distributed_optimizer: bool, dtype: str = "bfloat16",
@@ -183,23 +220,26 @@ def trainer_memory(spec: ArchSpec, layout: Layout, work: Workload) -> list[Stage
     layer = _layer_bytes(spec, layout, work, layout.recompute)
     # full recompute re-materialises one layer of one micro-batch at a time in backward
     working = _layer_bytes(spec, layout, work, "selective") if layout.recompute == "full" else 0.0
+    path = work.logprob_path(layout)
+    fused, materialised = (paths.logprob_path(impl, layout.sequence_sharded) for impl in ("auto", "megatron"))
     out = []
     for i, (dense, experts) in enumerate(per_stage):
         params = dense + experts
         in_flight = min(layout.pp - i, work.microbatches)
         act = stage_layers[i] * layer * in_flight + working
-        avoided = 0.0
+        avoided = logits = 0.0
         if i == layout.pp - 1:
-            act += logits_bytes(spec, layout, work, work.fused_logprobs)
-            if work.fused_logprobs:
-                avoided = logits_bytes(spec, layout, work, False) - logits_bytes(spec, layout, work, True)
+            act += head_bytes(spec, layout, work, path)
+            logits = logits_bytes(spec, layout, work, path)
+            avoided = head_bytes(spec, layout, work, materialised) - head_bytes(spec, layout, work, fused)
         weights, grads, optimizer = model_state_bytes(dense, layout.dp, layout.distributed_optimizer, spec.dtype,
                                                       layout.grad_dtype)
         if experts:  # the experts' optimizer state is sharded over the expert-data-parallel group
             ew, eg, eo = model_state_bytes(experts, layout.expert_dp, layout.distributed_optimizer, spec.dtype,
                                            layout.grad_dtype)
             weights, grads, optimizer = weights + ew, grads + eg, optimizer + eo
-        out.append(StageMemory(i, params, weights, grads, optimizer, act, avoided, OVERHEAD_GIB * GIB))
+        out.append(StageMemory(i, params, weights, grads, optimizer, act, avoided, OVERHEAD_GIB * GIB, logits,
+                               path.name))
     return out
 
 

@@ -28,8 +28,12 @@ ACCOUNTING = (
     "Engine) keeps no score matrix, so 'none' and 'selective' differ only by a fp32 log-sum-exp",
     "1F1B pipeline: stage i of p keeps min(p - i, micro-batches per DP rank) micro-batches in flight; full "
     "recompute adds one re-materialised layer of one micro-batch",
-    "log-prob head on the last stage: materialised logits keep bf16 logits + fp32 softmax, 6 B x tokens x "
-    f"V_pad/tp; our fused kernel keeps 8 B per token plus one {FUSED_WORKSPACE_BYTES / 2**20:.0f} MiB backward slice",
+    "log-prob head on the last stage, on the trainer's path (logprob_impl; agents/logprob_path.py): our fused "
+    "kernel (auto, reference, triton; also under sequence parallelism) keeps the scored rows' bf16 hidden states "
+    f"(2 B x tokens x h, all-gathered over TP under sequence parallelism), 8 B per token and one "
+    f"{FUSED_WORKSPACE_BYTES / 2**20:.0f} MiB backward slice; megatron's materialised logits keep bf16 logits + "
+    "fp32 softmax, 6 B x tokens x V_pad/tp, and the output layer's input (2 B x tokens x h, /tp under sequence "
+    "parallelism)",
     f"fixed reserve per trainer GPU: {OVERHEAD_GIB:g} GiB (CUDA context, NCCL buffers, allocator fragmentation)",
     f"rollout engine: keeps mem_fraction x GPU memory (SGLang --mem-fraction-static): bf16 weights / engine TP, "
     f"{ENGINE_RUNTIME_GIB:g} GiB runtime, the rest KV cache (2 x layers x KV heads per GPU x head_dim x 2 B per "
@@ -133,10 +137,14 @@ def agent_dict(p: AgentPlan, source: str | None = None) -> dict[str, Any]:
     return out
 
 
-def _logits(p: AgentPlan, last: Any) -> dict[str, float]:
-    """The last stage's activations with our fused log-prob kernel and with materialised logits."""
-    return {"last_stage_activations_with_fused_kernel": _gib(last.activations),
-            "last_stage_activations_with_materialised_logits": _gib(last.activations + last.logits_avoided),
+def _logits(p: AgentPlan, last: Any) -> dict[str, Any]:
+    """The last stage's log-prob path, its activations on that path and on the other one, and the
+    materialised logits counted in them (0 on the fused path)."""
+    fused = last.activations - (last.logits_avoided if last.logprob_path == "megatron" else 0.0)
+    return {"path": last.logprob_path, "logits": _gib(last.logits),
+            "last_stage_activations": _gib(last.activations),
+            "last_stage_activations_with_fused_kernel": _gib(fused),
+            "last_stage_activations_with_materialised_logits": _gib(fused + last.logits_avoided),
             "saved_by_fused_kernel": _gib(last.logits_avoided)}
 
 
@@ -173,9 +181,15 @@ def render_text(obj: dict[str, Any]) -> str:
             lines.append(f"  experts: ep={lay['ep']} etp={lay['etp']}, expert-data-parallel {edp} (the experts' "
                          "optimizer state is sharded over it)")
         lg = a["logits_gib"]
-        lines.append(f"  fused log-prob kernel saves {lg['saved_by_fused_kernel']:.2f} GiB on the last stage "
-                     f"({lg['last_stage_activations_with_materialised_logits']:.2f} -> "
-                     f"{lg['last_stage_activations_with_fused_kernel']:.2f} GiB of activations)")
+        if lg["path"] == "megatron":
+            lines.append(f"  materialised logits (logprob_impl megatron) hold {lg['logits']:.2f} GiB on the last "
+                         f"stage; the fused kernel would save {lg['saved_by_fused_kernel']:.2f} GiB "
+                         f"({lg['last_stage_activations']:.2f} -> "
+                         f"{lg['last_stage_activations_with_fused_kernel']:.2f} GiB of activations)")
+        else:
+            lines.append(f"  fused log-prob kernel saves {lg['saved_by_fused_kernel']:.2f} GiB on the last stage "
+                         f"({lg['last_stage_activations_with_materialised_logits']:.2f} -> "
+                         f"{lg['last_stage_activations_with_fused_kernel']:.2f} GiB of activations)")
         if "rollout" in a:
             r = a["rollout"]
             lines.append(f"  rollout: {r['engines']} x TP{r['engine_tp']} engine(s), {r['colocation']}, "
