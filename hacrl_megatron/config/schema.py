@@ -55,8 +55,8 @@ class ParallelConfig:
     ep: int = 1  # expert-parallel size (MoE models): each rank holds num_experts / ep experts; the experts use
     # the same tp·dp ranks as attention, so ep·etp must divide tp·dp (the world stays tp·pp·dp ranks)
     etp: int = 1  # expert tensor-parallel size: each expert's FFN split over etp ranks (must divide its width)
-    cp: int = 1  # context-parallel size: each sequence split over cp ranks (Transformer Engine attention, GPU only);
-    # the world becomes tp·pp·cp·dp ranks
+    cp: int = 1  # context-parallel size (each sequence split over cp ranks in Transformer Engine's attention):
+    # validated, then refused above 1 until the trainer splits sequences over cp ranks (docs/scaling.md)
     overlap_grad_reduce: bool = False  # reduce each gradient bucket while the backward pass goes on (megatron DDP)
     overlap_param_gather: bool = False  # distributed optimizer: gather updated parameters bucket by bucket during
     # the next forward (needs use_distributed_optimizer and overlap_grad_reduce)
