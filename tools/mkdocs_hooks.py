@@ -8,11 +8,12 @@ every relative Markdown link whose target lies outside ``docs_dir``:
 
 * must name a file or folder that exists in the repository (a missing one fails the build, as a link
   to a missing page does), and
-* becomes an absolute link to the repository's web view: ``<repo_url>/blob/<branch>/<path>`` for a
-  file, ``<repo_url>/tree/<branch>/<path>`` for a folder, its ``#anchor`` kept.
+* becomes, when ``mkdocs.yml`` names a ``repo_url`` (``$HACRL_DOCS_REPO_URL``), an absolute link to the
+  repository's web view: ``<repo_url>/blob/<branch>/<path>`` for a file, ``<repo_url>/tree/<branch>/<path>``
+  for a folder, its ``#anchor`` kept; without one, a relative link to a copy of that file or folder
+  under ``_repository/`` in the built site (copied after the build), so the site stands alone.
 
-``repo_url`` comes from ``mkdocs.yml`` (``$HACRL_DOCS_REPO_URL`` overrides it there), the branch from
-``extra.source_branch`` (default ``main``). Links inside ``docs/`` are left to MkDocs' own validation,
+The branch comes from ``extra.source_branch`` (default ``main``). Links inside ``docs/`` are left to MkDocs' own validation,
 and fenced code blocks and inline code spans are never touched. :func:`rewrite_outside_links` is the
 whole rule, so ``tests/unit/test_docs_site.py`` checks it without building the site.
 """
@@ -34,11 +35,17 @@ class OutsideLinkError(ValueError):
     """Links of a page that point at files missing from the repository (or outside it); names each."""
 
 
+COPY_DIR = "_repository"  # where the site keeps its copies of repository files when there is no repo_url
+
+
 def rewrite_outside_links(markdown: str, page_path: Path, docs_dir: Path, repo_root: Path,
-                          repo_url: str | None, branch: str = "main") -> str:
+                          repo_url: str | None, branch: str = "main", site_prefix: str = "",
+                          copied: set[str] | None = None) -> str:
     """``markdown`` of the page at ``page_path`` with its links to repository files outside ``docs_dir``
-    made absolute (see the module docstring); raises :class:`OutsideLinkError` naming every link whose
-    target is missing or leaves the repository, or when such links exist and no ``repo_url`` is set."""
+    rewritten (see the module docstring); raises :class:`OutsideLinkError` naming every link whose
+    target is missing or leaves the repository. ``site_prefix``: the relative path from the page's
+    built HTML to the site's root (``../`` per folder level); ``copied`` collects the repository paths
+    the site must copy (no ``repo_url``)."""
     problems: list[str] = []
     base = repo_url.rstrip("/") if repo_url else None
     docs_dir, repo_root = docs_dir.resolve(), repo_root.resolve()
@@ -57,11 +64,15 @@ def rewrite_outside_links(markdown: str, page_path: Path, docs_dir: Path, repo_r
         if not resolved.exists():
             problems.append(f"{target!r} points to a missing file ({resolved.relative_to(repo_root).as_posix()})")
             return match.group(0)
-        if base is None:
-            problems.append(f"{target!r} lies outside docs/ and mkdocs.yml sets no repo_url to link it to")
-            return match.group(0)
         kind = "tree" if resolved.is_dir() else "blob"
         relative = posixpath.join(*resolved.relative_to(repo_root).parts) if resolved != repo_root else ""
+        if base is None:
+            if not relative:
+                problems.append(f"{target!r} is the whole repository: the site cannot copy it (set repo_url)")
+                return match.group(0)
+            if copied is not None:
+                copied.add(relative)
+            return match.group("head") + f"{site_prefix}{COPY_DIR}/{relative}" + (f"#{anchor}" if anchor else "")
         url = f"{base}/{kind}/{branch}/{relative}".rstrip("/") + (f"#{anchor}" if anchor else "")
         return match.group("head") + url
 
@@ -82,6 +93,14 @@ def rewrite_outside_links(markdown: str, page_path: Path, docs_dir: Path, repo_r
     return "".join(out)
 
 
+_COPIES: set[str] = set()  # repository paths linked from the pages of this build (no repo_url)
+
+
+def on_pre_build(config: Any) -> None:
+    """MkDocs event: a build starts (``mkdocs serve`` rebuilds in one process)."""
+    _COPIES.clear()
+
+
 def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     """MkDocs event: each page's Markdown before it is rendered."""
     from mkdocs.exceptions import PluginError
@@ -90,6 +109,23 @@ def on_page_markdown(markdown: str, page: Any, config: Any, files: Any) -> str:
     repo_root = Path(config["config_file_path"]).resolve().parent
     try:
         return rewrite_outside_links(markdown, docs_dir / page.file.src_path, docs_dir, repo_root,
-                                     config.get("repo_url"), (config.get("extra") or {}).get("source_branch", "main"))
+                                     config.get("repo_url"), (config.get("extra") or {}).get("source_branch", "main"),
+                                     site_prefix="../" * page.url.count("/"), copied=_COPIES)
     except OutsideLinkError as err:
         raise PluginError(f"docs/{err}") from None
+
+
+def on_post_build(config: Any) -> None:
+    """MkDocs event: the site is written; copy the repository files its pages link to (no repo_url)."""
+    import shutil
+
+    repo_root = Path(config["config_file_path"]).resolve().parent
+    target_root = Path(config["site_dir"]) / COPY_DIR
+    for relative in sorted(_COPIES):
+        source, target = repo_root / relative, target_root / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc", ".venv*", "site"))
+        else:
+            shutil.copy2(source, target)

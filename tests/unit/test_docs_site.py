@@ -206,10 +206,18 @@ def test_a_link_out_of_docs_to_a_missing_file_fails_the_build(repo, link, why):
         _rewrite(repo, f"[x]({link})\n")
 
 
-def test_links_out_of_docs_need_a_repo_url(repo):
-    with pytest.raises(hooks.OutsideLinkError, match="sets no repo_url"):
-        _rewrite(repo, "[x](../README.md)\n", repo_url=None)
-    assert _rewrite(repo, "[x](page.md)\n", repo_url=None) == "[x](page.md)\n"
+def test_without_a_repo_url_links_out_of_docs_point_at_the_sites_copies(repo):
+    """No repository address: the site carries copies of what its pages link to (``_repository/``)."""
+    copied: set[str] = set()
+    out = hooks.rewrite_outside_links("[r](../benchmarks/RESULTS.md#x) and [f](../benchmarks/) and [p](page.md)\n",
+                                      repo / "docs" / "page.md", repo / "docs", repo, None, site_prefix="../",
+                                      copied=copied)
+    assert out == "[r](../_repository/benchmarks/RESULTS.md#x) and [f](../_repository/benchmarks) and [p](page.md)\n"
+    assert copied == {"benchmarks/RESULTS.md", "benchmarks"}
+    with pytest.raises(hooks.OutsideLinkError, match="points to a missing file"):
+        _rewrite(repo, "[x](../NOPE.md)\n", repo_url=None)  # still checked without a repo_url
+    with pytest.raises(hooks.OutsideLinkError, match="whole repository"):
+        _rewrite(repo, "[x](../)\n", repo_url=None)
 
 
 def test_github_slugs_of_the_headings_the_docs_link_to():
