@@ -67,9 +67,8 @@ def test_init_parallel_with_nccl_sets_it_before_the_cuda_context(monkeypatch):
     assert seen == ["1"]
 
 
-def test_ray_workers_on_gpu_bundles_get_it(monkeypatch):
-    pytest.importorskip("ray")
-    from hacrl_megatron.agents.ray_placement import spawn_actors
+def _recording_actor() -> type:
+    """A stand-in Ray actor class that records the ``options`` spawn_actors gives each rank."""
 
     class Actor:
         options_seen: list[dict] = []
@@ -83,6 +82,14 @@ def test_ray_workers_on_gpu_bundles_get_it(monkeypatch):
         def remote(cls, *args):
             return args
 
+    return Actor
+
+
+def test_ray_workers_on_gpu_bundles_get_it(monkeypatch):
+    pytest.importorskip("ray")
+    from hacrl_megatron.agents.ray_placement import spawn_actors
+
+    Actor = _recording_actor()
     monkeypatch.delenv(KEY, raising=False)
     spawn_actors(Actor, object(), {"CPU": 1.0, "GPU": 1.0}, 2, {"NCCL_DEBUG": "WARN"}, "a")
     envs = [o["runtime_env"]["env_vars"] for o in Actor.options_seen]
@@ -103,18 +110,7 @@ def test_ray_workers_start_from_an_interpreter_under_a_spaced_folder(monkeypatch
 
     from hacrl_megatron.agents.ray_placement import spawn_actors
 
-    class Actor:
-        options_seen: list[dict] = []
-
-        @classmethod
-        def options(cls, **kw):
-            cls.options_seen.append(kw)
-            return cls
-
-        @classmethod
-        def remote(cls, *args):
-            return args
-
+    Actor = _recording_actor()
     monkeypatch.setattr(sys, "executable", "/opt/my envs/a/bin/python")
     spawn_actors(Actor, object(), {"CPU": 1.0}, 1, {}, "a")
     assert Actor.options_seen[-1]["runtime_env"]["py_executable"] == "'/opt/my envs/a/bin/python'"
