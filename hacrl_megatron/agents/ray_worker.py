@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from hacrl_megatron import net
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.local import LocalAgent
 from hacrl_megatron.config import AgentConfig, TrainConfig
@@ -148,10 +149,9 @@ class RankWorker:
                 "pid": os.getpid(), "host": socket.gethostname()}
 
     def free_port(self) -> int:
-        """A TCP port free on all interfaces of this node (the world's rendezvous port)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        """A TCP port free on all interfaces of this node (the world's rendezvous port): :func:`hacrl_megatron.
+        net.free_port` run on the node Ray placed this rank on (a remote call needs an actor method)."""
+        return net.free_port("")
 
     def setup(self, cfg: WorkerSetup, hf_checkpoint: Any) -> dict[str, Any]:
         """Join the world described by ``cfg.env`` and build the LocalAgent; returns its layout info,
