@@ -22,7 +22,9 @@ ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")  # Mixture-of-Experts families (docs/moe.md)
 MOE_MODEL_FIELDS = ("num_experts", "moe_topk", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size", "norm_topk_prob",
                     "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_routing_replay")  # ModelConfig's MoE-only fields
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # parameter dtypes a trainer holds
+AUTO_DTYPE = "auto"  # model.dtype: follow the starting checkpoint (models/dtype.py)
+MODEL_DTYPES = (AUTO_DTYPE, *DTYPES)  # agents.N.model.dtype
 ENGINES = ("hf", "sglang", "vllm")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")

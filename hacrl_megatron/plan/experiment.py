@@ -32,6 +32,7 @@ from hacrl_megatron.launch.placement import (
     place_trainers,
     split_engines,
 )
+from hacrl_megatron.models.dtype import resolve_model_dtype
 from hacrl_megatron.models.provider import ArchSpec, UnsupportedModelError
 from hacrl_megatron.plan.known_models import KNOWN_CONFIGS
 from hacrl_megatron.plan.memory import ENGINE_RUNTIME_GIB, GIB, Workload, engine_memory
@@ -93,9 +94,9 @@ def agent_spec(agent: AgentConfig) -> tuple[ArchSpec, str]:
         name = os.path.basename(os.path.normpath(m.hf_path))
         try:
             if os.path.isfile(path):
-                return _with_dtype(arch_from_config(path), m.dtype), path
+                return _with_dtype(arch_from_config(path), agent), path
             if name in KNOWN_CONFIGS:
-                return _with_dtype(arch_from_config(KNOWN_CONFIGS[name]), m.dtype), f"built-in config of {name}"
+                return _with_dtype(arch_from_config(KNOWN_CONFIGS[name]), agent), f"built-in config of {name}"
         except UnsupportedModelError as err:
             raise PlanError(f"agent {agent.name!r}: {err}") from None
         raise PlanError(f"agent {agent.name!r}: model.hf_path={m.hf_path!r} has no config.json and is not a known "
@@ -107,9 +108,12 @@ def agent_spec(agent: AgentConfig) -> tuple[ArchSpec, str]:
     return arch_from_model_config(m, vocab), f"model sizes in the config (vocab {vocab} from the tokenizer)"
 
 
-def _with_dtype(spec: ArchSpec, dtype: str) -> ArchSpec:
+def _with_dtype(spec: ArchSpec, agent: AgentConfig) -> ArchSpec:
+    """``spec`` (in its checkpoint's dtype) in the dtype ``agent`` trains in on the GPUs planned for: an
+    explicit ``model.dtype``, or ``auto``'s rule (models/dtype.py) with CUDA."""
     import dataclasses
 
+    dtype = resolve_model_dtype(agent.model.dtype, spec.dtype, cuda=True, backend=agent.backend)
     return dataclasses.replace(spec, dtype=dtype)
 
 
