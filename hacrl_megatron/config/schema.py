@@ -93,7 +93,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+    dtype: str = "auto"  # the trainer's parameter dtype: auto (the starting checkpoint's config dtype, on CUDA;
+    # float32 on CPU, for a model built from sizes, the hf backend and the hf engine; models/dtype.py) | float32 |
+    # bfloat16 | float16. `hacrl config` shows what auto resolves to
     # Mixture of Experts (arch qwen3_moe | mixtral | qwen2_moe; docs/moe.md). The sizes are read from hf_path
     # when it is set; the loss and routing settings below always come from here.
     num_experts: int = 0  # routed experts per layer (every layer is an MoE layer); 0 for the dense archs

@@ -22,16 +22,17 @@ from pathlib import Path
 from typing import Any
 
 from hacrl_megatron.config import AgentConfig, ParallelConfig
+from hacrl_megatron.config.schema import AUTO_DTYPE
 from hacrl_megatron.models.convert import CheckpointMismatchError, SafetensorsSource
-from hacrl_megatron.models.dtype import checkpoint_dtype, resolve_model_dtype
-from hacrl_megatron.models.hf_io import open_hf_model, read_hf_config
+from hacrl_megatron.models.dtype import checkpoint_dtype, dtype_reason, resolve_model_dtype
+from hacrl_megatron.models.hf_io import SMOLLM2, open_hf_model, read_hf_config
 from hacrl_megatron.models.provider import (
     ArchSpec,
     arch_from_hf,
     arch_from_model_config,
     hf_config_from_model_config,
 )
-from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+from hacrl_megatron.models.smollm2 import SMOLLM2_DTYPE, smollm2_hf_dir
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class ResolvedAgent:
     dtype: the parameter dtype its trainer holds (``cfg.model.dtype``; models/dtype.py says why).
     checkpoint_dtype: the dtype ``hf_config`` says the weights are stored in (None: built from sizes,
         or the config names none).
+    engine: its rollout engine (``rollout.engine``: hf, sglang, vllm; None for an agent resolved
+        without its run); :attr:`engine_gpu_ids` are that engine's GPUs.
     """
 
     index: int
@@ -60,6 +63,7 @@ class ResolvedAgent:
     weights: Path | None
     dtype: str
     checkpoint_dtype: str | None
+    engine: str | None = None
 
     @property
     def name(self) -> str:
@@ -87,7 +91,7 @@ def starting_weights_dir(cfg: AgentConfig) -> Path | None:
     source = cfg.init_checkpoint or cfg.model.hf_path
     if source is None:
         return None
-    if source == "smollm2":
+    if source == SMOLLM2:
         return Path(smollm2_hf_dir())
     if not Path(source).is_dir():
         raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
@@ -97,17 +101,36 @@ def starting_weights_dir(cfg: AgentConfig) -> Path | None:
     return Path(source)
 
 
+def configured_dtype(cfg: AgentConfig, *, engine: str | None = None, cuda: bool | None = None) -> tuple[str, str]:
+    """(dtype, why): what ``cfg.model.dtype`` resolves to in this process before anything is built
+    (``hacrl config``), by the rule :func:`resolve_agent` applies: ``auto`` against the ``config.json`` of
+    the folder the agent starts from, when it has one (the bundled SmolLM2 is converted to float32,
+    models/smollm2.py, and is not converted here)."""
+    import torch
+
+    cuda = torch.cuda.is_available() if cuda is None else cuda
+    requested, source, stored = cfg.model.dtype, cfg.init_checkpoint or cfg.model.hf_path, None
+    if requested == AUTO_DTYPE and source == SMOLLM2:
+        stored = SMOLLM2_DTYPE
+    elif requested == AUTO_DTYPE and source is not None and (Path(source) / "config.json").is_file():
+        stored = checkpoint_dtype(read_hf_config(source))
+    dtype = resolve_model_dtype(requested, stored, cuda=cuda, backend=cfg.backend, engine=engine)
+    return dtype, dtype_reason(requested, stored, dtype, cuda=cuda, backend=cfg.backend, engine=engine)
+
+
 def check_vocab(name: str, model_vocab: int, vocab_size: int) -> None:
     """A tokenizer of ``vocab_size`` ids fits the model's embedding of ``model_vocab`` rows."""
     if model_vocab < vocab_size:
         raise ValueError(f"agent {name!r}: model vocab {model_vocab} < tokenizer vocab {vocab_size}")
 
 
-def resolve_agent(cfg: AgentConfig, vocab_size: int, *, index: int = 0, cuda: bool | None = None) -> ResolvedAgent:
-    """Agent ``cfg`` (``index`` of its run) resolved for a tokenizer of ``vocab_size`` ids: its starting
-    folder's ``config.json`` read once (a random init reads nothing), its vocabulary checked against
-    the tokenizer, ``model.dtype`` resolved (``cuda``: see :func:`~hacrl_megatron.models.dtype.
-    resolve_model_dtype`) and its architecture described."""
+def resolve_agent(cfg: AgentConfig, vocab_size: int, *, index: int = 0, engine: str | None = None,
+                  cuda: bool | None = None) -> ResolvedAgent:
+    """Agent ``cfg`` (``index`` of its run, whose ``rollout.engine`` is ``engine``) resolved for a
+    tokenizer of ``vocab_size`` ids: its starting folder's ``config.json`` read once (a random init
+    reads nothing), its vocabulary checked against the tokenizer, ``model.dtype`` resolved (``engine``,
+    ``cuda``: see :func:`~hacrl_megatron.models.dtype.resolve_model_dtype`) and its architecture
+    described."""
     weights = starting_weights_dir(cfg)
     if weights is not None:
         hf_config = read_hf_config(weights)
@@ -115,11 +138,11 @@ def resolve_agent(cfg: AgentConfig, vocab_size: int, *, index: int = 0, cuda: bo
         stored = checkpoint_dtype(hf_config)
     else:
         hf_config, stored = hf_config_from_model_config(cfg.model, vocab_size=vocab_size), None
-    dtype = resolve_model_dtype(cfg.model.dtype, stored, cuda=cuda, backend=cfg.backend)
+    dtype = resolve_model_dtype(cfg.model.dtype, stored, cuda=cuda, backend=cfg.backend, engine=engine)
     resolved_cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, dtype=dtype))
     spec = arch_from_hf(hf_config, dtype=dtype) if cfg.backend == "megatron" else None
     return ResolvedAgent(index=index, cfg=resolved_cfg, spec=spec, hf_config=hf_config, weights=weights, dtype=dtype,
-                         checkpoint_dtype=stored)
+                         checkpoint_dtype=stored, engine=engine)
 
 
 def agent_inputs(agent_cfg: AgentConfig, vocab_size: int | None, hf_checkpoint: Any, hf_config: Any,

@@ -218,7 +218,7 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
     (linked into their init folder, in its stored dtype)."""
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
-    agent = resolve_agent(cfg, len(tokenizer), index=index)
+    agent = resolve_agent(cfg, len(tokenizer), index=index, engine=exp.rollout.engine)
     weights: PreTrainedModel | Path
     if reads_weights_itself(exp, cfg):
         weights, hf_config = agent.weights, agent.hf_config

@@ -56,9 +56,12 @@ def test_an_explicit_dtype_wins(tmp_path):
         == "bfloat16"
 
 
-def test_auto_is_float32_on_cpu_for_sizes_and_for_the_hf_backend(tmp_path):
+def test_auto_is_float32_on_cpu_for_sizes_the_hf_backend_and_the_hf_engine(tmp_path):
     bf16 = hf_dir(tmp_path, "bfloat16")
     assert resolve_agent(agent_on(tmp_path, bf16), VOCAB, cuda=False).dtype == "float32"  # the CPU path
+    # the in-process engine samples from the float32 model this process loads: the trainer matches it
+    assert resolve_agent(agent_on(tmp_path, bf16), VOCAB, engine="hf", cuda=True).dtype == "float32"
+    assert resolve_agent(agent_on(tmp_path, bf16), VOCAB, engine="sglang", cuda=True).dtype == "bfloat16"
     hf = resolve_agent(agent_on(tmp_path, bf16, backend="hf"), VOCAB, cuda=True)
     assert hf.dtype == "float32" and hf.spec is None  # the HF backend trains the float32 model it loads
     sized = resolve_agent(tiny_exp(tmp_path, backend="megatron").agents[0], VOCAB, cuda=True)
@@ -89,3 +92,21 @@ def test_the_planner_plans_auto_in_the_checkpoints_dtype():
     for dtype, expected in (("auto", "bfloat16"), ("float32", "float32")):
         cfg = load_config("paper_qwen3_4b_with_instruct", [f"agents.0.model.dtype={dtype}"]).agents[0]
         assert agent_spec(cfg)[0].dtype == expected  # the built-in config of Qwen3-4B says bfloat16
+
+
+@pytest.mark.parametrize("cuda", [True, False])
+def test_hacrl_config_shows_what_auto_resolves_to(tmp_path, capsys, monkeypatch, cuda):
+    import torch
+    import yaml
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    folder = hf_dir(tmp_path, "bfloat16")
+    assert main(["config", f"output_dir={tmp_path / 'run'}", f"agents.0.model.hf_path={folder}",
+                 "agents.1.model.dtype=float16", "rollout.engine=sglang"]) == 0
+    out = capsys.readouterr().out
+    assert yaml.safe_load(out)["agents"][0]["model"]["dtype"] == "auto"  # the printed config loads as it is
+    first = ("bfloat16  (auto: the starting checkpoint stores bfloat16)" if cuda else
+             "float32  (auto: float32 without CUDA, the CPU path; the checkpoint stores bfloat16)")
+    assert out.splitlines()[-3:] == [f"# resolved on this machine ({'CUDA' if cuda else 'no CUDA'}):",
+                                     f"#   agents.0.model.dtype: {first}",
+                                     "#   agents.1.model.dtype: float16  (set in the config)"]
