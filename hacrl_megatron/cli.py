@@ -115,7 +115,23 @@ def _cmd_config(args: argparse.Namespace) -> int:
     cfg = load_config(args.preset, args.overrides)
     _check_files(cfg)  # they must exist here, like at training start-up
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    print(resolved_comment(cfg), end="")
     return 0
+
+
+def resolved_comment(cfg) -> str:
+    """What the config's ``auto`` values resolve to on this machine, as YAML comments (the printed
+    config stays a preset that loads as it is): each agent's ``model.dtype`` and why."""
+    import torch
+
+    from hacrl_megatron.models.resolved import configured_dtype
+
+    cuda = torch.cuda.is_available()
+    lines = [f"# resolved on this machine ({'CUDA' if cuda else 'no CUDA'}):"]
+    for i, agent in enumerate(cfg.agents):
+        dtype, why = configured_dtype(agent, engine=cfg.rollout.engine, cuda=cuda)
+        lines.append(f"#   agents.{i}.model.dtype: {dtype}  ({why})")
+    return "\n".join(lines) + "\n"
 
 
 def _cmd_presets(args: argparse.Namespace) -> int:

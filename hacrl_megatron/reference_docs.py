@@ -30,7 +30,7 @@ from hacrl_megatron.metric_names import METRICS
 PAGE = Path(__file__).resolve().parent.parent / "docs" / "reference.md"
 ENUMS = {  # dotted pattern → the allowed values (validation.py checks them with _one_of)
     "agents.*.backend": schema.BACKENDS, "agents.*.workers": schema.WORKERS, "agents.*.model.arch": schema.ARCHS,
-    "agents.*.model.dtype": schema.DTYPES, "agents.*.parallel.recompute": schema.RECOMPUTE,
+    "agents.*.model.dtype": schema.MODEL_DTYPES, "agents.*.parallel.recompute": schema.RECOMPUTE,
     "rollout.engine": schema.ENGINES, "rollout.eos_mode": schema.EOS_MODES,
     "rollout.weight_sync": schema.WEIGHT_SYNC_MODES, "rollout.vllm.dtype": schema.VLLM_DTYPES,
     "rollout.sglang.placement": ("local", "ray"), "hacpo.algorithm": schema.ALGORITHMS,

@@ -41,17 +41,11 @@ from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.config.validation_scale import require_context_parallel
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
-from hacrl_megatron.models.hf_io import is_hf_dir, open_hf_model
+from hacrl_megatron.models.hf_io import is_hf_dir
 from hacrl_megatron.models.moe import MoESettings
 from hacrl_megatron.models.parallel import init_parallel
-from hacrl_megatron.models.provider import (
-    ArchSpec,
-    arch_from_hf,
-    arch_from_model_config,
-    build_gpt_model,
-    hf_config_from_model_config,
-    use_transformer_engine,
-)
+from hacrl_megatron.models.provider import build_gpt_model, use_transformer_engine
+from hacrl_megatron.models.resolved import ResolvedAgent, agent_inputs
 
 
 def _finalize_grads(model_chunks: list, num_tokens: Any = None, *args: Any, **kwargs: Any) -> None:
@@ -71,35 +65,6 @@ def _experts_in_expert_buffers(model: Any) -> None:
             param.allreduce = False
 
 
-def _resolve_spec(agent_cfg: AgentConfig, vocab_size: int | None, hf_checkpoint: Any,
-                  hf_config: Any) -> tuple[ArchSpec, Any, Any]:
-    """(ArchSpec, HF config, weight source or None) from the agent config and optional HF inputs.
-
-    Precedence: an explicit ``hf_config``; else ``agent_cfg.model.hf_path``'s config; else the sizes
-    in ``agent_cfg.model``. A string ``hf_checkpoint`` must describe the same model.
-    """
-    model_cfg = agent_cfg.model
-    source = None
-    if hf_config is not None:
-        spec = arch_from_hf(hf_config, dtype=model_cfg.dtype)
-    elif model_cfg.hf_path is not None:
-        hf_config, source = open_hf_model(model_cfg.hf_path, model_cfg.gguf_file)
-        spec = arch_from_hf(hf_config, dtype=model_cfg.dtype)
-    else:
-        hf_config = hf_config_from_model_config(model_cfg, vocab_size)
-        spec = arch_from_model_config(model_cfg, vocab_size)
-    if isinstance(hf_checkpoint, str):
-        ck_config, hf_checkpoint = open_hf_model(hf_checkpoint)
-        ck = arch_from_hf(ck_config, dtype=model_cfg.dtype)
-        if ck != spec:
-            raise convert.CheckpointMismatchError(f"HF checkpoint {ck} does not match the agent's model {spec}")
-    if hf_checkpoint is not None:
-        source = hf_checkpoint
-    if vocab_size is not None and vocab_size > spec.vocab_size:
-        raise ValueError(f"tokenizer vocab_size={vocab_size} exceeds the model's vocab_size={spec.vocab_size}")
-    return spec, hf_config, source
-
-
 class LocalAgent:
     """One Megatron agent driven in-process (see module docstring).
 
@@ -112,6 +77,7 @@ class LocalAgent:
             ``agent_cfg.model.hf_path``'s weights, else ``agent_cfg.init_checkpoint`` (HF dir or Megatron
             checkpoint from :meth:`save`), else megatron's random init (std 0.02).
         hf_config: the HF config of the model (overrides ``agent_cfg.model``; see :meth:`from_hf_model`).
+        resolved: the run's record of this agent (models/resolved.py): its spec and config, read once.
         logprob_impl: "auto" | "reference" | "triton": ``hacrl_megatron.kernels.sequence_logprobs``
             from hidden states (no [N, V] logits; "auto" = Triton on CUDA, torch reference on CPU),
             with or without sequence parallelism; "megatron": logits + megatron's
@@ -122,7 +88,7 @@ class LocalAgent:
 
     def __init__(self, agent_cfg: AgentConfig, train_cfg: TrainConfig, *, vocab_size: int | None = None,
                  hf_checkpoint: Any = None, hf_config: Any = None, total_updates: int | None = None,
-                 logprob_impl: str = "auto") -> None:
+                 logprob_impl: str = "auto", resolved: ResolvedAgent | None = None) -> None:
         self.name = agent_cfg.name
         self.train_cfg = train_cfg
         par = agent_cfg.parallel
@@ -130,7 +96,7 @@ class LocalAgent:
         if hf_checkpoint is None and init_sub is not None and is_hf_dir(init_sub):
             hf_checkpoint, init_sub = init_sub, None
         require_context_parallel(par.cp, f"agent {self.name!r}: parallel.cp")  # API users skip validation
-        self.spec, self.hf_config, source = _resolve_spec(agent_cfg, vocab_size, hf_checkpoint, hf_config)
+        self.spec, self.hf_config, source = agent_inputs(agent_cfg, vocab_size, hf_checkpoint, hf_config, resolved)
         self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp)
         self.sequence_parallel = par.sequence_parallel and par.tp > 1
         self.geometry = geometry_for(train_cfg.pack_sequences, par.tp, self.sequence_parallel, par.cp)

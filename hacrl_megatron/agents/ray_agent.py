@@ -61,6 +61,7 @@ from hacrl_megatron.agents.ray_worker import (
     remote_worker_class,
 )
 from hacrl_megatron.config import AgentConfig, TrainConfig
+from hacrl_megatron.models.resolved import ResolvedAgent
 from hacrl_megatron.ray_nodes import placement_timeout
 
 __all__ = ["DEFAULT_BUCKET_BYTES", "PendingCall", "RayAgent", "RayAgentError", "RayExport", "TrainerNodeLost",
@@ -125,6 +126,8 @@ class RayAgent:
         call_timeout_s: limit for any single SPMD call (None: no limit; training steps can be long).
         bucket_bytes: bytes of exported weights per object-store transfer.
         env_vars: extra environment of every rank (e.g. NCCL_DEBUG, GLOO_SOCKET_IFNAME).
+        resolved: the run's record of the agent (models/resolved.py), handed to every rank, which then
+            reads no HF config itself.
     """
 
     runs_in_process = False  # its ranks compute in their own processes: the loop overlaps agents (trainer/concurrency.py)
@@ -133,7 +136,8 @@ class RayAgent:
                  hf_checkpoint: Any = None, hf_config: Any = None, total_updates: int | None = None,
                  use_gpu: bool | None = None, cpus_per_rank: int = 1, placement_timeout_s: float | None = None,
                  call_timeout_s: float | None = None, bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 env_vars: dict[str, str] | None = None, node_spans: list[tuple[int, int]] | None = None) -> None:
+                 env_vars: dict[str, str] | None = None, node_spans: list[tuple[int, int]] | None = None,
+                 resolved: ResolvedAgent | None = None) -> None:
         if cpus_per_rank < 1:
             raise ValueError(f"cpus_per_rank={cpus_per_rank}: must be >= 1")
         if bucket_bytes < 1:
@@ -156,8 +160,8 @@ class RayAgent:
             envs = self._start(ray, agent_cfg, bundle, timeout, env_vars or {}, node_spans)
             if isinstance(hf_checkpoint, dict):  # one shared-memory copy per node for all its ranks
                 hf_checkpoint = ray.put(SharedStateDict.from_tensors(hf_checkpoint))
-            refs = [w.setup.remote(WorkerSetup(env, cpus_per_rank, agent_cfg, train_cfg, hf_config, vocab_size, total_updates),
-                                   hf_checkpoint)
+            refs = [w.setup.remote(WorkerSetup(env, cpus_per_rank, agent_cfg, train_cfg, hf_config, vocab_size, total_updates,
+                                               resolved), hf_checkpoint)
                     for w, env in zip(self._workers, envs)]
             results = self._gather(refs, "setup")
         except BaseException:

@@ -24,9 +24,11 @@ from typing import Any, Protocol
 
 import torch
 
+from hacrl_megatron import net
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.local import LocalAgent
 from hacrl_megatron.config import AgentConfig, TrainConfig
+from hacrl_megatron.models.resolved import ResolvedAgent
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +72,8 @@ class WorkerSetup:
     threads: torch intra-op threads of a rank without CUDA (its bundle's CPUs; 0: torch's default).
         A rank on a node whose GPUs Ray knows but torch cannot use (a simulated cluster's fake GPU
         resources) computes on CPU with gloo, like a rank placed without GPUs.
+    resolved: the run's record of the agent (models/resolved.py), so that no rank reads its HF config
+        again; None when the agent is built from parts.
     """
 
     env: dict[str, str]
@@ -79,6 +83,7 @@ class WorkerSetup:
     hf_config: Any
     vocab_size: int | None
     total_updates: int | None
+    resolved: ResolvedAgent | None = None
 
 
 class WeightSender(Protocol):
@@ -148,10 +153,9 @@ class RankWorker:
                 "pid": os.getpid(), "host": socket.gethostname()}
 
     def free_port(self) -> int:
-        """A TCP port free on all interfaces of this node (the world's rendezvous port)."""
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            s.bind(("", 0))
-            return s.getsockname()[1]
+        """A TCP port free on all interfaces of this node (the world's rendezvous port): :func:`hacrl_megatron.
+        net.free_port` run on the node Ray placed this rank on (a remote call needs an actor method)."""
+        return net.free_port("")
 
     def setup(self, cfg: WorkerSetup, hf_checkpoint: Any) -> dict[str, Any]:
         """Join the world described by ``cfg.env`` and build the LocalAgent; returns its layout info,
@@ -168,7 +172,7 @@ class RankWorker:
             hf_checkpoint = hf_checkpoint.to_tensors()
         self._local = LocalAgent(cfg.agent_cfg, cfg.train_cfg, vocab_size=cfg.vocab_size,
                                  hf_checkpoint=hf_checkpoint, hf_config=cfg.hf_config,
-                                 total_updates=cfg.total_updates)
+                                 total_updates=cfg.total_updates, resolved=cfg.resolved)
         return {"info": dataclasses.asdict(self._local.info), "spec": self._local.spec,
                 "hf_config": self._local.hf_config, "num_parameters": self._local.num_parameters()}
 

@@ -22,7 +22,9 @@ ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
 MOE_ARCHS = ("qwen3_moe", "mixtral", "qwen2_moe")  # Mixture-of-Experts families (docs/moe.md)
 MOE_MODEL_FIELDS = ("num_experts", "moe_topk", "moe_ffn_hidden_size", "shared_expert_ffn_hidden_size", "norm_topk_prob",
                     "moe_aux_loss_coeff", "moe_z_loss_coeff", "moe_routing_replay")  # ModelConfig's MoE-only fields
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16")  # parameter dtypes a trainer holds
+AUTO_DTYPE = "auto"  # model.dtype: follow the starting checkpoint (models/dtype.py)
+MODEL_DTYPES = (AUTO_DTYPE, *DTYPES)  # agents.N.model.dtype
 ENGINES = ("hf", "sglang", "vllm")
 BACKENDS = ("megatron", "hf")
 WORKERS = ("auto", "local", "ray")
@@ -91,7 +93,9 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rms_norm_eps: float = 1e-6
     tie_embeddings: bool = True
-    dtype: str = "float32"  # parameter dtype: float32 | bfloat16 | float16
+    dtype: str = "auto"  # the trainer's parameter dtype: auto (the starting checkpoint's config dtype, on CUDA;
+    # float32 on CPU, for a model built from sizes, the hf backend and the hf engine; models/dtype.py) | float32 |
+    # bfloat16 | float16. `hacrl config` shows what auto resolves to
     # Mixture of Experts (arch qwen3_moe | mixtral | qwen2_moe; docs/moe.md). The sizes are read from hf_path
     # when it is set; the loss and routing settings below always come from here.
     num_experts: int = 0  # routed experts per layer (every layer is an MoE layer); 0 for the dense archs

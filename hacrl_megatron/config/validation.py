@@ -16,12 +16,12 @@ from hacrl_megatron.config.schema import (
     BACKENDS,
     CROSS_CLIP_MODES,
     CROSS_WINDOWS,
-    DTYPES,
     ENGINES,
     EOS_MODES,
     EXCHANGE_BACKENDS,
     KL_ESTIMATORS,
     MINIBATCH_ORDERS,
+    MODEL_DTYPES,
     MOE_ARCHS,
     ON_MISSING,
     RECOMPUTE,
@@ -66,7 +66,7 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
     _rule(agent_cfg.backend == "megatron" or (p.tp, p.pp, p.dp) == (1, 1, 1), f"{path}.backend", agent_cfg.backend,
           "the hf backend has no model parallelism: parallel.tp, pp and dp must be 1")
     _one_of(f"{path}.model.arch", m.arch, ARCHS)
-    _one_of(f"{path}.model.dtype", m.dtype, DTYPES)
+    _one_of(f"{path}.model.dtype", m.dtype, MODEL_DTYPES)
     for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "ffn_hidden_size"):
         _rule(getattr(m, name) >= 1, f"{path}.model.{name}", getattr(m, name), "must be >= 1")
     _rule(m.hidden_size % m.num_heads == 0, f"{path}.model.hidden_size", m.hidden_size,

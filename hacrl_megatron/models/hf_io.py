@@ -26,13 +26,32 @@ def resolve_hf_dir(hf_path: str, cache_dir: str | None = None) -> str:
     return hf_path
 
 
-def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | None = None) -> tuple[Any, TensorSource]:
-    """(HF config, tensor source) of an HF directory, a GGUF file inside ``hf_path``, or ``"smollm2"``."""
+def read_hf_config(folder: str | os.PathLike) -> Any:
+    """The transformers config of the HF model folder ``folder`` (its ``config.json``; weights untouched).
+
+    The one place an agent's ``config.json`` is read: a run reads it once per agent, into the agent's
+    :class:`~hacrl_megatron.models.resolved.ResolvedAgent`. Raises FileNotFoundError without a
+    ``config.json``, :class:`~hacrl_megatron.models.provider.UnsupportedModelError` when transformers
+    cannot read it (not JSON, no ``model_type``, a field it refuses)."""
     try:
         from transformers import AutoConfig
     except ImportError as err:
         raise ImportError("HF models need transformers: pip install transformers safetensors (gguf for GGUF)") from err
 
+    path = os.fspath(folder)
+    if not os.path.isfile(os.path.join(path, "config.json")):
+        raise FileNotFoundError(f"hf_path={path!r} is not an HF model directory (no config.json)")
+    try:
+        return AutoConfig.from_pretrained(path, local_files_only=True)
+    except Exception as err:  # not JSON, no model_type, a field transformers refuses (its own error types)
+        from hacrl_megatron.models.provider import UnsupportedModelError
+
+        raise UnsupportedModelError(f"{os.path.join(path, 'config.json')}: cannot be read as an HF config "
+                                    f"({one_line_text(str(err))})") from None
+
+
+def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | None = None) -> tuple[Any, TensorSource]:
+    """(HF config, tensor source) of an HF directory, a GGUF file inside ``hf_path``, or ``"smollm2"``."""
     path = resolve_hf_dir(hf_path, cache_dir)
     if gguf_file is not None:
         from transformers import AutoModelForCausalLM
@@ -41,16 +60,7 @@ def open_hf_model(hf_path: str, gguf_file: str | None = None, cache_dir: str | N
             raise FileNotFoundError(f"gguf_file={gguf_file!r} not found in {path}")
         model = AutoModelForCausalLM.from_pretrained(path, gguf_file=gguf_file, dtype=torch.float32)
         return model.config, DictSource({k: v.detach() for k, v in model.state_dict().items()})
-    if not os.path.isfile(os.path.join(path, "config.json")):
-        raise FileNotFoundError(f"hf_path={path!r} is not an HF model directory (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(path, local_files_only=True)
-    except Exception as err:  # not JSON, no model_type, a field transformers refuses (its own error types)
-        from hacrl_megatron.models.provider import UnsupportedModelError
-
-        raise UnsupportedModelError(f"{os.path.join(path, 'config.json')}: cannot be read as an HF config "
-                                    f"({one_line_text(str(err))})") from None
-    return config, SafetensorsSource(path)
+    return read_hf_config(path), SafetensorsSource(path)
 
 
 def is_hf_dir(path: str) -> bool:

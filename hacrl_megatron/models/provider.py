@@ -29,6 +29,8 @@ from typing import Any
 import torch
 
 from hacrl_megatron.config.layout import LayoutError, pipeline_layers, uneven_stage_sizes
+from hacrl_megatron.config.schema import AUTO_DTYPE
+from hacrl_megatron.models.dtype import FLOAT32, checkpoint_dtype, resolve_model_dtype
 from hacrl_megatron.models.moe import (
     ATTENTION_OF,
     MOE_MODEL_TYPES,
@@ -168,7 +170,10 @@ def check_hf_sizes(cfg: Any) -> None:
 
 def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
     """Read an HF ``PretrainedConfig`` (llama / qwen2 / qwen3) into an :class:`ArchSpec`; its sizes are
-    checked first (:func:`check_hf_sizes`)."""
+    checked first (:func:`check_hf_sizes`). ``dtype``: the parameter dtype, already resolved
+    (models/dtype.py; never ``"auto"``), else the config's own."""
+    if dtype == AUTO_DTYPE:
+        raise ValueError("arch_from_hf: resolve model.dtype='auto' first (models/dtype.resolve_model_dtype)")
     model_type = getattr(cfg, "model_type", None)
     if model_type not in ARCH_BY_MODEL_TYPE:
         archs = getattr(cfg, "architectures", None)
@@ -191,7 +196,7 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
     rope = _rope_params(cfg)
     heads = cfg.num_attention_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-    torch_dtype = dtype or _dtype_name(getattr(cfg, "dtype", None))
+    torch_dtype = dtype or checkpoint_dtype(cfg) or FLOAT32
     moe = moe_fields_from_hf(cfg, arch, UnsupportedModelError) if arch in MOE_MODEL_TYPES else {}
     return ArchSpec(
         arch=arch,
@@ -215,17 +220,12 @@ def arch_from_hf(cfg: Any, dtype: str | None = None) -> ArchSpec:
     )
 
 
-def _dtype_name(value: Any) -> str:
-    if value is None:
-        return "float32"
-    name = str(value).replace("torch.", "")
-    return name if name in DTYPES else "float32"
-
-
 def hf_config_from_model_config(model: Any, vocab_size: int | None = None) -> Any:
-    """Our ``ModelConfig`` (arch + sizes) → the matching transformers config object."""
+    """Our ``ModelConfig`` (arch + sizes) → the matching transformers config object, in the dtype a model
+    built from sizes trains in (``auto``: float32, models/dtype.py)."""
     import transformers
 
+    dtype = resolve_model_dtype(model.dtype, checkpoint=None)
     vocab = vocab_size if vocab_size is not None else model.vocab_size
     if vocab is None:
         raise ValueError("model.vocab_size is None and no tokenizer vocab_size was given")
@@ -248,19 +248,19 @@ def hf_config_from_model_config(model: Any, vocab_size: int | None = None) -> An
     )
     if model.arch in MOE_MODEL_TYPES:
         cfg = hf_moe_config(model, kwargs)
-        cfg.dtype = model.dtype
+        cfg.dtype = dtype
         return cfg
     if model.arch == "qwen3":
         kwargs["head_dim"] = model.hidden_size // model.num_heads
     cfg = getattr(transformers, classes[model.arch])(**kwargs)
     cfg.architectures = [classes[model.arch].replace("Config", "ForCausalLM")]
-    cfg.dtype = model.dtype
+    cfg.dtype = dtype
     return cfg
 
 
 def arch_from_model_config(model: Any, vocab_size: int | None = None) -> ArchSpec:
     """Our ``ModelConfig`` → :class:`ArchSpec` (via the HF config, so both inputs share one path)."""
-    return arch_from_hf(hf_config_from_model_config(model, vocab_size), dtype=model.dtype)
+    return arch_from_hf(hf_config_from_model_config(model, vocab_size), dtype=resolve_model_dtype(model.dtype, None))
 
 
 # --------------------------------------------------------------------------------------------

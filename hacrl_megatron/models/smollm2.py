@@ -24,6 +24,7 @@ logger = logging.getLogger(__name__)
 
 # Folder name inside <cache>/models; bump the suffix if the conversion recipe changes.
 _MODEL_DIR = "smollm2-135m-instruct-fp32-v1"
+SMOLLM2_DTYPE = "float32"  # the dtype of the converted folder (its config.json says so)
 
 
 def smollm2_hf_dir(cache_dir: str | os.PathLike | None = None) -> Path:

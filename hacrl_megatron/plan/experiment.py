@@ -32,6 +32,7 @@ from hacrl_megatron.launch.placement import (
     place_trainers,
     split_engines,
 )
+from hacrl_megatron.models.dtype import resolve_model_dtype
 from hacrl_megatron.models.provider import ArchSpec, UnsupportedModelError
 from hacrl_megatron.plan.known_models import KNOWN_CONFIGS
 from hacrl_megatron.plan.memory import ENGINE_RUNTIME_GIB, GIB, Workload, engine_memory
@@ -84,18 +85,19 @@ class ExperimentPlan:
     objective: str = "sync"  # the rollout mode whose step the search minimised
 
 
-def agent_spec(agent: AgentConfig) -> tuple[ArchSpec, str]:
+def agent_spec(agent: AgentConfig, engine: str | None = None) -> tuple[ArchSpec, str]:
     """The agent's :class:`ArchSpec` without weights: ``model.hf_path``'s config.json, else the
-    built-in copy of a known model's config (folder not downloaded yet), else the model sizes."""
+    built-in copy of a known model's config (folder not downloaded yet), else the model sizes; in the
+    dtype it trains in with the rollout ``engine`` on the planned GPUs (models/dtype.py)."""
     m = agent.model
     if m.hf_path:
         path = os.path.join(m.hf_path, "config.json")
         name = os.path.basename(os.path.normpath(m.hf_path))
         try:
             if os.path.isfile(path):
-                return _with_dtype(arch_from_config(path), m.dtype), path
+                return _with_dtype(arch_from_config(path), agent, engine), path
             if name in KNOWN_CONFIGS:
-                return _with_dtype(arch_from_config(KNOWN_CONFIGS[name]), m.dtype), f"built-in config of {name}"
+                return _with_dtype(arch_from_config(KNOWN_CONFIGS[name]), agent, engine), f"built-in config of {name}"
         except UnsupportedModelError as err:
             raise PlanError(f"agent {agent.name!r}: {err}") from None
         raise PlanError(f"agent {agent.name!r}: model.hf_path={m.hf_path!r} has no config.json and is not a known "
@@ -107,9 +109,12 @@ def agent_spec(agent: AgentConfig) -> tuple[ArchSpec, str]:
     return arch_from_model_config(m, vocab), f"model sizes in the config (vocab {vocab} from the tokenizer)"
 
 
-def _with_dtype(spec: ArchSpec, dtype: str) -> ArchSpec:
+def _with_dtype(spec: ArchSpec, agent: AgentConfig, engine: str | None) -> ArchSpec:
+    """``spec`` (in its checkpoint's dtype) in the dtype ``agent`` trains in on the GPUs planned for: an
+    explicit ``model.dtype``, or ``auto``'s rule (models/dtype.py) with CUDA."""
     import dataclasses
 
+    dtype = resolve_model_dtype(agent.model.dtype, spec.dtype, cuda=True, backend=agent.backend, engine=engine)
     return dataclasses.replace(spec, dtype=dtype)
 
 
@@ -150,7 +155,7 @@ def agent_works(cfg: ExperimentConfig, logprob_impl: str = "auto") -> tuple[list
     tokens = step_tokens(cfg)
     works, sources = [], []
     for agent in cfg.agents:
-        spec, source = agent_spec(agent)
+        spec, source = agent_spec(agent, cfg.rollout.engine)
         micro = max(1, tokens.trained_sequences // (t.mini_batches * t.micro_batch_size))
         work = Workload(seq_len=r.max_prompt_len + r.max_response_len, micro_batch=t.micro_batch_size,
                         microbatches=micro, logprob_impl=logprob_impl)

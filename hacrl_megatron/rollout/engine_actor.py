@@ -19,7 +19,7 @@ import os
 import signal
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from hacrl_megatron.ray_nodes import (  # noqa: F401  (re-exported: the names engines were placed by)
     GPUS_PER_NODE_ENV,
@@ -34,6 +34,7 @@ from hacrl_megatron.rollout.protocol import EngineNodeLost
 logger = logging.getLogger(__name__)
 
 ACTOR_CALL_TIMEOUT_S = 60.0
+R = TypeVar("R")
 
 
 def planned_nodes(gpu_groups: list[list[int] | None], agent: str) -> list[int | None]:
@@ -168,10 +169,13 @@ class RemoteServer:
         self._group = group
         self._respawn = respawn  # () -> a new ServerActor on this server's bundle (None: cannot)
 
-    def _call(self, method: str, *args: Any, timeout: float = ACTOR_CALL_TIMEOUT_S) -> Any:
+    def _call(self, method: Callable[..., R], *args: Any, timeout: float = ACTOR_CALL_TIMEOUT_S) -> R:
+        """The result of :class:`ServerActor` ``method`` (e.g. ``ServerActor.stop``) run by this server's
+        actor, waited for at most ``timeout`` seconds; Ray's errors (a dead actor or node, a timeout)
+        propagate. Every operation below is one typed call through here."""
         import ray
 
-        return ray.get(getattr(self.actor, method).remote(*args), timeout=timeout)
+        return ray.get(getattr(self.actor, method.__name__).remote(*args), timeout=timeout)
 
     def is_running(self) -> bool:
         """The server's process runs (False also when its actor or node is gone, or the call failed
@@ -179,7 +183,7 @@ class RemoteServer:
         import ray
 
         try:
-            return bool(self._call("is_running"))
+            return bool(self._call(ServerActor.is_running))
         except ray.exceptions.RayError:
             return False
 
@@ -187,7 +191,7 @@ class RemoteServer:
         import ray
 
         try:
-            self._call("base_url")
+            self._call(ServerActor.base_url)
             return True
         except ray.exceptions.RayError:
             return False
@@ -210,7 +214,7 @@ class RemoteServer:
         come back at another address, one of a planned group waits for a node that may not return;
         either way the engine is retired rather than reloaded (rollout/engine_pool.py)."""
         if self.actor_alive():
-            url = self._call("restart", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+            url = self._call(ServerActor.restart, timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
         elif self.node_gone():
             host = urllib.parse.urlparse(self.base_url).hostname
             raise EngineNodeLost(f"its node {host} (Ray node {self.node_id[:12]}) left the cluster")
@@ -218,7 +222,7 @@ class RemoteServer:
             kill_actor_quietly(self.actor)  # a hung actor, if any, gives its bundle back first
             self.actor = self._respawn()
             self._wait_placed()
-            url = self._call("start", timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+            url = self._call(ServerActor.start, timeout, timeout=timeout + ACTOR_CALL_TIMEOUT_S)
         else:
             raise RuntimeError(f"engine at {self.base_url}: its actor is gone and no bundle is known to place a new one")
         if url != self.base_url:
@@ -237,7 +241,7 @@ class RemoteServer:
         deadline = time.monotonic() + placement_timeout()
         while True:
             try:
-                ray.get(self.actor.base_url.remote(), timeout=2.0)
+                self._call(ServerActor.base_url, timeout=2.0)
                 return
             except ray.exceptions.GetTimeoutError:
                 pass
@@ -258,7 +262,7 @@ class RemoteServer:
 
         try:
             try:
-                self._call("stop")
+                self._call(ServerActor.stop)
             except ray.exceptions.RayError as err:
                 logger.debug("engine at %s: stop through its actor failed (%s); killing the actor", self.base_url,
                              type(err).__name__)
@@ -270,7 +274,7 @@ class RemoteServer:
 
     def node(self) -> dict[str, Any]:
         """The node the server runs on: its address, Ray node id and GPU ids."""
-        return self._call("node")
+        return self._call(ServerActor.node)
 
     def nccl_version(self) -> list[int] | None:
         """The NCCL of the server's interpreter, read by its actor on its node; None when unknown."""
@@ -279,20 +283,20 @@ class RemoteServer:
         from hacrl_megatron.rollout.nccl_probe import PROBE_TIMEOUT_S
 
         try:
-            return self._call("nccl_version", timeout=PROBE_TIMEOUT_S + ACTOR_CALL_TIMEOUT_S)
+            return self._call(ServerActor.nccl_version, timeout=PROBE_TIMEOUT_S + ACTOR_CALL_TIMEOUT_S)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             return None
 
     def kill_server(self) -> int:
         """SIGKILL the server on its node (fault injection); the actor stays, so a restart goes through it."""
-        return self._call("kill_server")
+        return self._call(ServerActor.kill_server)
 
     def kill_actor(self) -> None:
         """Kill the server's actor (fault injection: its worker process dies, the server with it)."""
         import ray
 
         try:
-            self._call("kill_server")
+            self._call(ServerActor.kill_server)
         except (ray.exceptions.RayActorError, ray.exceptions.GetTimeoutError):
             pass
         ray.kill(self.actor, no_restart=True)

@@ -321,8 +321,9 @@ def hf_sequence_logprob(model: Any, prompt_ids: list[int], response_ids: list[in
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
-                  root: Path) -> StartedEngines:
+                  root: Path, hf_config: Any = None) -> StartedEngines:
     """``rollout.engine: hf`` (``rollout/launch.py``): one in-process engine on a copy of ``model``,
-    which from then on changes only through weight sync; nothing is written under ``root``."""
+    which from then on changes only through weight sync; nothing is written under ``root`` (the
+    model carries its config: ``hf_config`` is not needed)."""
     engine = HFEngine(copy.deepcopy(model), tokenizer, max_batch_size=exp.rollout.hf.max_batch_size)
     return StartedEngines([engine])

@@ -1,9 +1,12 @@
 """Starting an agent's engine clients from the configuration, whichever engine ``rollout.engine`` names.
 
 Each engine has one module in ``rollout/`` that defines its client and
-``start_engines(exp, agent_cfg, model, tokenizer, root) -> StartedEngines``: start the agent's
-engines on ``model``'s weights (an HF model, or an HF folder for engines that run as servers) (files under ``root``, the agent's engine folder) and return their
-clients (:class:`~hacrl_megatron.rollout.protocol.StartedEngines`). :data:`ENGINE_MODULES` maps the
+``start_engines(exp, agent_cfg, model, tokenizer, root, hf_config=None) -> StartedEngines``: start the
+agent's engines on ``model``'s weights (an HF model, or an HF folder for engines that run as servers)
+(files under ``root``, the agent's engine folder) and return their clients
+(:class:`~hacrl_megatron.rollout.protocol.StartedEngines`). A run hands them its resolved agent
+(``models/resolved.py``): ``agent_cfg`` with ``model.dtype`` resolved and the agent's ``hf_config``,
+so no engine reads the model's config again (``hf_config=None``: read from ``model`` when needed). :data:`ENGINE_MODULES` maps the
 engine's name to that module, imported only when the engine is chosen (so SGLang's module never
 loads on a CPU run). The weight transport that reaches the clients is built by ``sync/``; the trainer
 puts both in an :class:`~hacrl_megatron.rollout.engine_pool.EnginePool` (``trainer/runtime.py``).
@@ -18,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 from hacrl_megatron.rollout.protocol import StartedEngines
 
 if TYPE_CHECKING:
-    from hacrl_megatron.config import AgentConfig, ExperimentConfig
+    from hacrl_megatron.config import ExperimentConfig
+    from hacrl_megatron.models.resolved import ResolvedAgent
 
 # rollout.engine -> the module whose start_engines starts that engine (config/schema.py: ENGINES)
 ENGINE_MODULES = {
@@ -33,14 +37,15 @@ def engine_root(exp: ExperimentConfig, agent_name: str) -> Path:
     return Path(exp.output_dir) / "engines" / agent_name
 
 
-def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any) -> StartedEngines:
-    """Start ``agent_cfg``'s engines on ``model``'s weights: an HF model in this process, or (server
+def start_engines(exp: ExperimentConfig, agent: ResolvedAgent, model: Any, tokenizer: Any) -> StartedEngines:
+    """Start ``agent``'s engines on ``model``'s weights: an HF model in this process, or (server
     engines only: the in-process HF engine needs the model itself) the path of an HF folder."""
     name = exp.rollout.engine
     if name not in ENGINE_MODULES:
         raise ValueError(f"rollout.engine={name!r}: no engine module; known: {sorted(ENGINE_MODULES)}")
     module = importlib.import_module(ENGINE_MODULES[name])
-    started = module.start_engines(exp, agent_cfg, model, tokenizer, engine_root(exp, agent_cfg.name))
+    started = module.start_engines(exp, agent.cfg, model, tokenizer, engine_root(exp, agent.name),
+                                   hf_config=agent.hf_config)
     if not started.clients:
-        raise ValueError(f"rollout.engine={name!r}: agent {agent_cfg.name!r} got no engine")
+        raise ValueError(f"rollout.engine={name!r}: agent {agent.name!r} got no engine")
     return started

@@ -232,9 +232,23 @@ def engine_model_dir(model: Any, tokenizer: Any, init_dir: Path) -> Path:
 
 
 def model_hf_config(model: Any) -> Any:
-    """The transformers config of an HF model in this process or of an HF folder (read, weights untouched)."""
+    """The transformers config of an HF model in this process or of an HF folder (read, weights untouched;
+    a run hands its engines the agent's config instead, read once: ``models/resolved.py``)."""
     if isinstance(model, (str, Path)):
-        from transformers import AutoConfig
+        from hacrl_megatron.models.hf_io import read_hf_config
 
-        return AutoConfig.from_pretrained(str(model), local_files_only=True)
+        return read_hf_config(model)
     return model.config
+
+
+def trainer_dtype(agent_cfg: Any, model: Any, hf_config: Any = None) -> str:
+    """The parameter dtype of ``agent_cfg``'s trainer, which its servers are told to serve in:
+    ``model.dtype`` as a run resolved it (models/resolved.py), or, for a caller whose config still
+    says ``auto``, resolved here against ``hf_config`` (read from ``model`` when None)."""
+    from hacrl_megatron.config.schema import AUTO_DTYPE
+    from hacrl_megatron.models.dtype import checkpoint_dtype, resolve_model_dtype
+
+    if agent_cfg.model.dtype != AUTO_DTYPE:
+        return agent_cfg.model.dtype
+    config = hf_config if hf_config is not None else model_hf_config(model)
+    return resolve_model_dtype(AUTO_DTYPE, checkpoint_dtype(config), backend=agent_cfg.backend)

@@ -43,6 +43,7 @@ from hacrl_megatron.rollout.servers import (
     launch,
     start_all,
     startup_failure,
+    trainer_dtype,
 )
 from hacrl_megatron.rollout.sglang_engine import SGLangEngine
 
@@ -232,11 +233,12 @@ class SGLangServer:
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
-                  root: Path) -> StartedEngines:
+                  root: Path, hf_config: Any = None) -> StartedEngines:
     """``rollout.engine: sglang`` (``rollout/launch.py``): put ``model`` (an HF model in this process, or
     an HF folder, linked rather than loaded: ``servers.engine_model_dir``) and ``tokenizer`` in
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
-    agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
+    agent's servers on it (logs ``root/server<k>.log``) and return one client per server.
+    ``hf_config``: the agent's transformers config (a CPU server is told the trainer's dtype)."""
     r, s = exp.rollout, exp.rollout.sglang
     api_key = read_api_key(s.api_key_file, "rollout.sglang.api_key_file")
     init_dir = engine_model_dir(model, tokenizer, root / "init")
@@ -247,7 +249,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     if s.cpu and not any(a.split("=", 1)[0] == "--dtype" for a in extra):
         # the trainer's dtype: SGLang's auto serves float32 checkpoints in 16 bits on CPU too, which the
         # post-sync check (1e-3 per token) refuses
-        extra += ["--dtype", agent_cfg.model.dtype]
+        extra += ["--dtype", trainer_dtype(agent_cfg, model, hf_config)]
     groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp, "rollout.sglang.tp")
     if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
         from hacrl_megatron.rollout.engine_actor import planned_nodes, start_remote_servers

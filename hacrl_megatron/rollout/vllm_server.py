@@ -48,6 +48,7 @@ from hacrl_megatron.rollout.servers import (
     model_hf_config,
     start_all,
     startup_failure,
+    trainer_dtype,
 )
 from hacrl_megatron.rollout.vllm_engine import VLLMEngine
 
@@ -279,22 +280,23 @@ def resolved_weight_sync(r: Any) -> str:
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
-                  root: Path) -> StartedEngines:
+                  root: Path, hf_config: Any = None) -> StartedEngines:
     """``rollout.engine: vllm`` (``rollout/launch.py``): put ``model`` (an HF model in this process, or
     an HF folder, linked rather than loaded: ``servers.engine_model_dir``) and ``tokenizer`` in
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
-    agent's servers on it (logs ``root/server<k>.log``) and return one client per server."""
+    agent's servers on it (logs ``root/server<k>.log``) and return one client per server.
+    ``hf_config``: the agent's transformers config (the trainer's dtype; a CPU server's head size check)."""
     import torch
 
     r, v = exp.rollout, exp.rollout.vllm
     on_cpu, mode = not torch.cuda.is_available(), resolved_weight_sync(r)
     if on_cpu:
         check_cpu_settings(r.colocate, mode)
-        check_cpu_head_size(agent_cfg.name, model_hf_config(model))
+        check_cpu_head_size(agent_cfg.name, hf_config if hf_config is not None else model_hf_config(model))
     init_dir = engine_model_dir(model, tokenizer, root / "init")
     command = [a.replace("{model_path}", str(init_dir)) for a in v.command] or None
-    flags = server_flags(v, colocate=r.colocate, weight_sync=mode, model_dtype=agent_cfg.model.dtype)
-    first = exp.agents.index(agent_cfg)
+    flags = server_flags(v, colocate=r.colocate, weight_sync=mode, model_dtype=trainer_dtype(agent_cfg, model, hf_config))
+    first = [a.name for a in exp.agents].index(agent_cfg.name)
     servers = [VLLMServer(init_dir, tp_size=v.tp, gpu_ids=gpus, flags=flags,
                           env=server_env(v, weight_sync=mode, cpu_core=first + k if on_cpu else None),
                           log_path=root / f"server{k}.log", command=command, python=None if command else v.python or None)

@@ -34,6 +34,7 @@ from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.config.schema import MOE_ARCHS, MOE_MODEL_FIELDS
 from hacrl_megatron.data import DatasetTask, PromptRecord, Task, make_task
 from hacrl_megatron.data.formats import dataset_options
+from hacrl_megatron.models.dtype import resolve_model_dtype
 from hacrl_megatron.paths import atomic_save_dir, default_cache_dir
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
@@ -74,6 +75,8 @@ def warmup_key(exp: ExperimentConfig, index: int) -> str:
     """
     agent = exp.agents[index]
     model = dataclasses.asdict(agent.model)
+    # the dtype the warm-up trains in: a warm-up starts from sizes, so model.dtype=auto is float32 (models/dtype.py)
+    model["dtype"] = resolve_model_dtype(agent.model.dtype, checkpoint=None, backend=agent.backend)
     if agent.model.arch not in MOE_ARCHS:  # meaningless for dense models: their keys stay what they were
         model = {k: v for k, v in model.items() if k not in MOE_MODEL_FIELDS}
     key = {

@@ -13,6 +13,7 @@ in-process HF engine alone when it copies the trainer's tensors itself (``inproc
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import warnings
@@ -26,7 +27,11 @@ from hacrl_megatron.agents.handle import AgentHandle
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
 from hacrl_megatron.data.prompts import format_prompt
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
-from hacrl_megatron.models.smollm2 import smollm2_hf_dir
+from hacrl_megatron.models.resolved import (
+    ResolvedAgent,
+    resolve_agent,
+    starting_weights_dir,  # noqa: F401  (re-exported: tests import it here)
+)
 from hacrl_megatron.rollout.engine_pool import EnginePool
 from hacrl_megatron.rollout.launch import engine_root, start_engines
 from hacrl_megatron.rollout.types import TrainingEngine
@@ -50,6 +55,7 @@ class AgentRuntime:
     trainer: AgentHandle
     engine: TrainingEngine
     hf_config: PretrainedConfig | None = None  # the agent's transformers config (for HF exports)
+    resolved: ResolvedAgent | None = None  # the record the agent was built from (models/resolved.py)
     _prompt_cache: dict[str, list[int]] = field(default_factory=dict)
 
     @property
@@ -98,42 +104,22 @@ def configure_process(exp: ExperimentConfig) -> None:
     hf_logging.set_verbosity_error()
 
 
-def starting_weights_dir(cfg: AgentConfig) -> Path | None:
-    """The HF folder agent ``cfg`` starts from (``init_checkpoint``, else ``model.hf_path``; "smollm2"
-    is the bundled model), or None for a seeded random init. Raises when the folder is missing."""
-    source = cfg.init_checkpoint or cfg.model.hf_path
-    if source is None:
-        return None
-    if source == "smollm2":
-        return Path(smollm2_hf_dir())
-    if not Path(source).is_dir():
-        raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} does not exist")
-    if not (Path(source) / "config.json").is_file():
-        raise FileNotFoundError(f"agent {cfg.name!r}: model directory {source!r} has no config.json "
-                                "(not an HF model folder)")
-    return Path(source)
-
-
-def _check_vocab(cfg: AgentConfig, model_vocab: int, vocab_size: int) -> None:
-    if model_vocab < vocab_size:
-        raise ValueError(f"agent {cfg.name!r}: model vocab {model_vocab} < tokenizer vocab {vocab_size}")
-
-
 def load_hf_model(cfg: AgentConfig, vocab_size: int, seed: int) -> PreTrainedModel:
     """The agent's starting HF model (fp32 on CPU): warm-up checkpoint, HF dir, or seeded random init."""
+    return load_starting_model(resolve_agent(cfg, vocab_size), seed)
+
+
+def load_starting_model(agent: ResolvedAgent, seed: int) -> PreTrainedModel:
+    """``agent``'s starting HF model in this process, in float32: its weights folder loaded with the
+    config its record holds (``config.json`` is not read again), or a random init of its sizes
+    seeded with ``seed``. The model carries its own copy of the config."""
     from transformers import AutoModelForCausalLM
 
-    source = starting_weights_dir(cfg)
-    if source is not None:
-        model = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32)
-        _check_vocab(cfg, model.config.vocab_size, vocab_size)
-        return model
-    from hacrl_megatron.models.provider import hf_config_from_model_config
-
-    hf_config = hf_config_from_model_config(cfg.model, vocab_size=vocab_size)
+    if agent.weights is not None:  # from_pretrained copies the config it is given
+        return AutoModelForCausalLM.from_pretrained(str(agent.weights), config=agent.hf_config, dtype=torch.float32)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(hf_config, dtype=torch.float32)
+        return AutoModelForCausalLM.from_config(copy.deepcopy(agent.hf_config), dtype=torch.float32)
 
 
 def reads_weights_itself(exp: ExperimentConfig, cfg: AgentConfig) -> bool:
@@ -170,12 +156,15 @@ def planned_trainer_spans(exp: ExperimentConfig, cfg: AgentConfig) -> list[tuple
     return [(node, count) for node, _, count in planned.spans]
 
 
-def build_agent(cfg: AgentConfig, model: PreTrainedModel | Path, exp: ExperimentConfig, total_updates: int,
-                hf_config: PretrainedConfig | None = None) -> AgentHandle:
-    """The AgentHandle for ``cfg.backend`` initialised from ``model``'s weights: an HF model in this
-    process, or (Megatron agents, :func:`reads_weights_itself`) the path of an HF folder with its
-    ``hf_config``, whose safetensors the agent reads itself (each Ray rank its own shards)."""
-    t = exp.train
+def build_agent(agent: ResolvedAgent, model: PreTrainedModel | Path, exp: ExperimentConfig,
+                total_updates: int) -> AgentHandle:
+    """The AgentHandle for ``agent``'s backend initialised from ``model``'s weights: an HF model in this
+    process, or (Megatron agents, :func:`reads_weights_itself`) the path of an HF folder, whose
+    safetensors the agent reads itself (each Ray rank its own shards). Megatron agents take the
+    record's spec and config (its ranks too); nothing reads the config again."""
+    # the weights already are the starting point (init_checkpoint or hf_path): the agent copies or reads
+    # them (the HF backend trains ``model`` itself; the engine takes its own copy or folder)
+    cfg, t = dataclasses.replace(agent.cfg, init_checkpoint=None), exp.train
     if cfg.backend == "hf":
         from hacrl_megatron.agents.hf import HFAgent
 
@@ -186,30 +175,31 @@ def build_agent(cfg: AgentConfig, model: PreTrainedModel | Path, exp: Experiment
 
         spans = planned_trainer_spans(exp, cfg)
         if folder:
-            return RayAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates,
-                            node_spans=spans)
-        return build_ray_agent(cfg, model, t, total_updates, node_spans=spans)
+            return RayAgent(cfg, t, hf_checkpoint=str(model), hf_config=agent.hf_config, total_updates=total_updates,
+                            node_spans=spans, resolved=agent)
+        return build_ray_agent(cfg, model, t, total_updates, node_spans=spans, resolved=agent)
     from hacrl_megatron.agents.local import LocalAgent
 
     if folder:
-        return LocalAgent(cfg, t, hf_checkpoint=str(model), hf_config=hf_config, total_updates=total_updates)
+        return LocalAgent(cfg, t, hf_checkpoint=str(model), hf_config=agent.hf_config, total_updates=total_updates,
+                          resolved=agent)
     return LocalAgent.from_hf_model(cfg, model, train_cfg=t, total_updates=total_updates)
 
 
-def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel | Path,
-                 tokenizer: PreTrainedTokenizerBase, agent: AgentHandle) -> TrainingEngine:
-    """The agent's rollout engine on ``model``'s weights (an HF model, or an HF folder for server
+def build_engine(exp: ExperimentConfig, agent: ResolvedAgent, model: PreTrainedModel | Path,
+                 tokenizer: PreTrainedTokenizerBase, trainer: AgentHandle) -> TrainingEngine:
+    """``agent``'s rollout engine on ``model``'s weights (an HF model, or an HF folder for server
     engines): its clients (``rollout.engine``) in a pool
     behind the transport ``rollout.weight_sync`` names, or the one in-process HF engine itself
     (``inprocess``). A Ray agent's ranks broadcast themselves with the distributed transport."""
-    started = start_engines(exp, cfg, model, tokenizer)
+    started = start_engines(exp, agent, model, tokenizer)
     if resolve_weight_sync(exp.rollout) == "inprocess":  # the HF engine copies the trainer's tensors itself
         (engine,) = started.clients
         return engine
     try:
-        transport = make_transport(exp.rollout, cfg.name, engine_root(exp, cfg.name) / "synced", started.model_dir,
-                                   ranks=agent if uses_ray_workers(cfg) else None)
-        return EnginePool(started.clients, transport, colocate=exp.rollout.colocate, name=cfg.name)
+        transport = make_transport(exp.rollout, agent.name, engine_root(exp, agent.name) / "synced", started.model_dir,
+                                   ranks=trainer if uses_ray_workers(agent.cfg) else None)
+        return EnginePool(started.clients, transport, colocate=exp.rollout.colocate, name=agent.name)
     except BaseException:
         for client in started.clients:
             client.close()
@@ -220,31 +210,29 @@ def build_runtime(exp: ExperimentConfig, index: int, total_updates: int,
                   agent_cfg: AgentConfig | None = None) -> AgentRuntime:
     """Agent ``index`` of ``exp`` (or ``agent_cfg`` in its place, e.g. with the warm-up learning rate).
 
-    The starting weights are an HF model loaded here, or, when :func:`reads_weights_itself`, the HF
-    folder alone: this process then holds the agent's config and tokenizer only, the trainer reads the
-    folder's safetensors and the engines load the folder (linked into their init folder, in its
-    stored dtype)."""
+    The agent is resolved first (:func:`~hacrl_megatron.models.resolved.resolve_agent`: the one read
+    of its HF config, ``model.dtype`` resolved) and that record is what the model load, the trainer
+    and the engines are built from. The starting weights are an HF model loaded here, or, when
+    :func:`reads_weights_itself`, the HF folder alone: this process then holds the agent's config and
+    tokenizer only, the trainer reads the folder's safetensors and the engines load the folder
+    (linked into their init folder, in its stored dtype)."""
     cfg = agent_cfg or exp.agents[index]
     tokenizer = load_tokenizer(cfg.tokenizer)
+    agent = resolve_agent(cfg, len(tokenizer), index=index, engine=exp.rollout.engine)
     weights: PreTrainedModel | Path
     if reads_weights_itself(exp, cfg):
-        from hacrl_megatron.rollout.servers import model_hf_config
-
-        weights = starting_weights_dir(cfg)
-        hf_config = model_hf_config(weights)
-        _check_vocab(cfg, hf_config.vocab_size, len(tokenizer))
+        weights, hf_config = agent.weights, agent.hf_config
     else:
-        weights = load_hf_model(cfg, len(tokenizer), seed=exp.train.seed * 1000 + index)
+        weights = load_starting_model(agent, seed=exp.train.seed * 1000 + index)
         hf_config = weights.config
-    # the weights already are the starting point (init_checkpoint or hf_path): the agent copies or reads
-    # them (the HF backend trains ``weights`` itself; the engine takes its own copy or folder below)
-    agent = build_agent(dataclasses.replace(cfg, init_checkpoint=None), weights, exp, total_updates, hf_config)
+    trainer = build_agent(agent, weights, exp, total_updates)
     try:
-        engine = build_engine(exp, cfg, weights, tokenizer, agent)
+        engine = build_engine(exp, agent, weights, tokenizer, trainer)
     except BaseException:
-        agent.close()  # a Ray agent's actors
+        trainer.close()  # a Ray agent's actors
         raise
-    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=agent, engine=engine, hf_config=hf_config)
+    return AgentRuntime(index=index, cfg=cfg, tokenizer=tokenizer, trainer=trainer, engine=engine, hf_config=hf_config,
+                        resolved=agent)
 
 
 def export_hf(rt: AgentRuntime, out_dir: Path) -> Path:
