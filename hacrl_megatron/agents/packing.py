@@ -25,34 +25,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from hacrl_megatron.config.layout import Geometry, geometry_for, round_up
 
-def round_up(value: int, multiple: int) -> int:
-    """``value`` rounded up to a multiple of ``multiple`` (>= 1)."""
-    return -(-value // multiple) * multiple
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """How a micro-batch's sequences become the model's input rows, for counting their tokens.
-
-    packed: one row holding every sequence back to back (else right-padded ``[B, T_max]``).
-    seq_multiple: each sequence of a packed row padded to a multiple of this (context parallelism
-        splits every sequence into 2·cp chunks); 1 otherwise.
-    row_multiple: each row's length padded to a multiple of this (sequence parallelism splits the row
-        over tp ranks); 1 otherwise.
-    """
-
-    packed: bool = False
-    seq_multiple: int = 1
-    row_multiple: int = 1
-
-    def tokens(self, lengths: list[int]) -> int:
-        """Tokens the model runs for one micro-batch of sequences of these ``lengths``, padding included."""
-        if not lengths:
-            return 0
-        if self.packed:
-            return round_up(sum(round_up(n, self.seq_multiple) for n in lengths), self.row_multiple)
-        return len(lengths) * round_up(max(lengths), self.row_multiple)
+__all__ = ["Geometry", "MicroBatchPlan", "count_micro_batches", "deal_to_ranks", "geometry_for",
+           "plan_micro_batches", "round_up"]
 
 
 @dataclass(frozen=True)
@@ -170,13 +146,3 @@ def count_micro_batches(n: int, size: int, dp: int) -> MicroBatchPlan:
         ranks.append(tuple(tuple(range(i, min(i + size, start + take))) for i in range(start, start + take, size)))
         start += take
     return MicroBatchPlan(ranks=tuple(ranks), fillers=tuple(tuple(False for _ in x) for x in ranks))
-
-
-def geometry_for(packed: bool, tp: int, sequence_parallel: bool, cp: int = 1) -> Geometry:
-    """The row geometry of an agent's layout: sequence parallelism splits each row over tp ranks (its
-    length a multiple of tp); context parallelism splits each sequence into 2·cp chunks (a multiple of
-    2·cp, times tp under sequence parallelism, as Transformer Engine's THD attention needs)."""
-    sp = tp if sequence_parallel and tp > 1 else 1
-    if packed:
-        return Geometry(packed=True, seq_multiple=2 * cp * sp if cp > 1 else 1, row_multiple=sp)
-    return Geometry(packed=False, row_multiple=sp * (2 * cp if cp > 1 else 1))

@@ -15,6 +15,7 @@ parallel, so ``ep·etp`` must divide ``tp·dp`` and the expert-data-parallel siz
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 
 class LayoutError(ValueError):
@@ -60,3 +61,43 @@ def expert_data_parallel(tp: int, dp: int, ep: int, etp: int) -> int:
         raise LayoutError(f"ep·etp = {ep}·{etp} must divide tp·dp = {tp}·{dp}: experts are laid out over the same "
                           "ranks as attention's tensor and data parallelism")
     return tp * dp // (ep * etp)
+
+
+# ---- rows of a micro-batch (agents/packing.py plans them; the config rules check the budget) ----
+def round_up(value: int, multiple: int) -> int:
+    """``value`` rounded up to a multiple of ``multiple`` (>= 1)."""
+    return -(-value // multiple) * multiple
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """How a micro-batch's sequences become the model's input rows, for counting their tokens.
+
+    packed: one row holding every sequence back to back (else right-padded ``[B, T_max]``).
+    seq_multiple: each sequence of a packed row padded to a multiple of this (context parallelism
+        splits every sequence into 2·cp chunks); 1 otherwise.
+    row_multiple: each row's length padded to a multiple of this (sequence parallelism splits the row
+        over tp ranks); 1 otherwise.
+    """
+
+    packed: bool = False
+    seq_multiple: int = 1
+    row_multiple: int = 1
+
+    def tokens(self, lengths: list[int]) -> int:
+        """Tokens the model runs for one micro-batch of sequences of these ``lengths``, padding included."""
+        if not lengths:
+            return 0
+        if self.packed:
+            return round_up(sum(round_up(n, self.seq_multiple) for n in lengths), self.row_multiple)
+        return len(lengths) * round_up(max(lengths), self.row_multiple)
+
+
+def geometry_for(packed: bool, tp: int, sequence_parallel: bool, cp: int = 1) -> Geometry:
+    """The row geometry of an agent's layout: sequence parallelism splits each row over tp ranks (its
+    length a multiple of tp); context parallelism splits each sequence into 2·cp chunks (a multiple of
+    2·cp, times tp under sequence parallelism, as Transformer Engine's THD attention needs)."""
+    sp = tp if sequence_parallel and tp > 1 else 1
+    if packed:
+        return Geometry(packed=True, seq_multiple=2 * cp * sp if cp > 1 else 1, row_multiple=sp)
+    return Geometry(packed=False, row_multiple=sp * (2 * cp if cp > 1 else 1))

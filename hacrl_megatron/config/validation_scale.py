@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from hacrl_megatron.agents.packing import geometry_for
+from hacrl_megatron.accelerators import transformer_engine_available
 from hacrl_megatron.config.bounded_yaml import short_repr
+from hacrl_megatron.config.layout import geometry_for
 from hacrl_megatron.config.schema import AgentConfig, ConfigError, ExperimentConfig
 
 
@@ -79,11 +80,9 @@ def require_context_parallel(cp: int, field: str) -> None:
     layer spec) does not do; and the trainer does not split its batches over context-parallel ranks yet
     (docs/scaling.md), so on a GPU it is refused too rather than silently run as cp = 1. ``field``
     names the key in the message."""
-    from hacrl_megatron.models.provider import use_transformer_engine
-
     if cp <= 1:
         return
-    if not use_transformer_engine():
+    if not transformer_engine_available():
         raise ConfigError(f"{field}={cp}: context parallelism needs Transformer Engine's attention on a CUDA GPU, "
                           "and this machine has no CUDA device or no transformer_engine: set it to 1 here")
     raise ConfigError(f"{field}={cp}: context parallelism is validated but the trainer does not split sequences "

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from hacrl_megatron.accelerators import transformer_engine_available
 from hacrl_megatron.config.layout import LayoutError, pipeline_layers, uneven_stage_sizes
 from hacrl_megatron.config.schema import AUTO_DTYPE
 from hacrl_megatron.models.dtype import FLOAT32, checkpoint_dtype, resolve_model_dtype
@@ -301,13 +302,7 @@ def validate_layout(spec: ArchSpec, tp: int, pp: int, ep: int = 1, etp: int = 1)
 
 def use_transformer_engine() -> bool:
     """TE layer spec only with CUDA and an importable transformer_engine (never on CPU)."""
-    if not torch.cuda.is_available():
-        return False
-    try:
-        import transformer_engine  # noqa: F401
-    except ImportError:
-        return False
-    return True
+    return transformer_engine_available()
 
 
 def recompute_kwargs(recompute: str) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def test_context_parallelism_is_refused_at_build_time_too(monkeypatch):
     require_context_parallel(1, "x")  # cp = 1: nothing to check
     with pytest.raises(ConfigError, match=r"^agent 'a': parallel\.cp=4: .*Transformer Engine"):
         require_context_parallel(4, "agent 'a': parallel.cp")
-    monkeypatch.setattr("hacrl_megatron.models.provider.use_transformer_engine", lambda: True)
+    monkeypatch.setattr("hacrl_megatron.config.validation_scale.transformer_engine_available", lambda: True)
     with pytest.raises(ConfigError, match=r"^agents\.0\.parallel\.cp=2: .*does not split sequences"):
         require_context_parallel(2, "agents.0.parallel.cp")
 
