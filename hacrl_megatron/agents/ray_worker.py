@@ -201,6 +201,12 @@ class RankWorker:
     def save(self, path: str) -> None:
         self._local.save(path)
 
+    def sleep(self, level: str) -> None:
+        self._local.sleep(level)
+
+    def wake(self) -> None:
+        self._local.wake()
+
     def load(self, path: str) -> None:
         self._local.load(path)
 
