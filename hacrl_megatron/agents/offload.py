@@ -107,10 +107,13 @@ class StorageParking:
 
     def sleep(self, level: str) -> None:
         """Park what ``level`` names (``none``: nothing); sleeping ``all`` after ``optimizer`` parks
-        the rest. Frees the CUDA cache so that other processes (the engines) get the memory."""
+        the rest. Frees the CUDA cache in any case, so that other processes (the engines) get the
+        memory: the caching allocator would otherwise keep the blocks the last pass freed."""
         if level not in _DEPTH:
             raise ValueError(f"agent {self.name!r}: offload level {level!r}: must be one of {list(OFFLOAD_LEVELS)}")
         if _DEPTH[level] <= _DEPTH[self.level]:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
             return
         start = time.perf_counter()
         model = self._storages(self._model_tensors())

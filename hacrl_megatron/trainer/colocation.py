@@ -75,9 +75,11 @@ class ColocationSchedule:
         return for_each(self.runtimes, work, lambda rt: runs_in_process(*(getattr(rt, p) for p in parts)))
 
     def _trainers_sleep(self, level: str) -> None:
-        if self.offload == "none":
+        """The trainers sleep at most as deep as ``level``, at most as deep as configured; ``none``
+        still empties their CUDA cache (what their last pass freed goes back to the engines)."""
+        if not self.colocated:
             return
-        level = "optimizer" if self.offload == "optimizer" else level  # never deeper than configured
+        level = {"none": "none", "optimizer": "optimizer"}.get(self.offload, level)
         self._each(lambda rt: rt.trainer.sleep(level), "trainer")
 
     # ----------------------------------------------------------------------------------------
@@ -100,8 +102,7 @@ class ColocationSchedule:
         if not self.colocated or self.turn == TRAINING:
             return
         self._each(lambda rt: rt.engine.release_memory(), "engine")
-        if self.offload != "none":
-            self._each(lambda rt: rt.trainer.wake(), "trainer")
+        self._each(lambda rt: rt.trainer.wake(), "trainer")
         self.turn = TRAINING
 
     def sync(self, probe: Probe | None = None) -> dict[str, float]:

@@ -202,7 +202,9 @@ def build_engine(exp: ExperimentConfig, cfg: AgentConfig, model: PreTrainedModel
     engines): its clients (``rollout.engine``) in a pool
     behind the transport ``rollout.weight_sync`` names, or the one in-process HF engine itself
     (``inprocess``). A Ray agent's ranks broadcast themselves with the distributed transport."""
-    started = start_engines(exp, cfg, model, tokenizer)
+    r = exp.rollout  # colocated servers placed by Ray go where the agent's ranks are (rollout/engine_actor.py)
+    shares_ranks = r.colocate and r.engine == "sglang" and r.sglang.placement == "ray"
+    started = start_engines(exp, cfg, model, tokenizer, getattr(agent, "placement", None) if shares_ranks else None)
     if resolve_weight_sync(exp.rollout) == "inprocess":  # the HF engine copies the trainer's tensors itself
         (engine,) = started.clients
         return engine
