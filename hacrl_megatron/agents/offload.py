@@ -121,6 +121,9 @@ class StorageParking:
         chosen = {k: s for k, s in chosen.items() if k not in model}  # shared with the weights: stays at optimizer
         if level == "all":
             chosen.update(model)
+        # a CPU storage that cannot be resized is memory-mapped from a checkpoint (transformers' loader) or
+        # borrowed from numpy: file-backed or foreign memory, nothing a GPU gets back from; it stays
+        chosen = {k: s for k, s in chosen.items() if s.resizable() or s.device.type != "cpu"}
         # every copy first, then every release: a storage that cannot be parked leaves all in place
         copied = {k: self._copy_out(k, s) for k, s in chosen.items() if k not in self._parked}
         if torch.cuda.is_available():
@@ -137,7 +140,7 @@ class StorageParking:
     def _copy_out(self, key: int, storage: torch.UntypedStorage) -> _Parked:
         if not storage.resizable():
             raise RuntimeError(f"agent {self.name!r}: a tensor of {storage.nbytes()} bytes on {storage.device} has a "
-                               "storage that cannot be resized (memory-mapped or borrowed from numpy): it cannot be "
+                               "storage that cannot be resized (memory from outside torch's allocator): it cannot be "
                                "offloaded; use rollout.colocate_offload=none")
         nbytes = storage.nbytes()
         host = self._host.get(key)
