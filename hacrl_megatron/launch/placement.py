@@ -285,6 +285,11 @@ def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan
     engines = _config_engines(cfg, nodes, gpus_per_node) if sglang else [()] * len(worlds)
     head, shared = None, False
     follow_ranks = sglang and cfg.rollout.colocate and cfg.rollout.sglang.placement == "ray"
+    if cfg.rollout.colocate and nodes > 1 and cfg.rollout.engine == "vllm":
+        raise PlacementError(f"rollout.engine=vllm with rollout.colocate=true on {nodes} nodes: vLLM servers start on "
+                             "the controller's node only, the trainer ranks they would share GPUs with run on the "
+                             "others: colocate on one node, or use rollout.engine=sglang with "
+                             "rollout.sglang.placement=ray")
     if follow_ranks:  # colocated servers placed by Ray: on every node, that node's trainer GPUs
         trainers = place_trainers(worlds, nodes, gpus_per_node)
         engines, shared = colocated_engines(cfg, trainers), True

@@ -63,7 +63,10 @@ def test_placements_colocation_cannot_honour_are_refused_naming_the_field():
     with pytest.raises(PlacementError, match=r"^rollout.sglang.placement=local with rollout.colocate=true on 9 "
                                              r"nodes: .*set rollout.sglang.placement=ray"):
         node_plan(load_config(MULTINODE, COLOCATED + ["rollout.sglang.placement=local"]), 9, 8)
-    # 6 GPUs per node: llama's 32 ranks end with 2 on node 6, less than one TP4 server
+    with pytest.raises(PlacementError, match=r"^rollout.engine=vllm with rollout.colocate=true on 9 nodes: .*"
+                                             r"use rollout.engine=sglang with rollout.sglang.placement=ray"):
+        node_plan(load_config(MULTINODE, COLOCATED + ["rollout.engine=vllm", "rollout.weight_sync=disk"]), 9, 8)
+    # 6 GPUs per node: node 1's six trainer GPUs hold one TP4 server and half of another
     with pytest.raises(PlacementError, match=r"^rollout.sglang.tp=4: agent 'llama70b' has 6 trainer GPU\(s\) on node "
                                              r"1; colocated servers of 4 GPUs each must tile every node's share"):
         node_plan(load_config(MULTINODE, COLOCATED), 12, 6)
