@@ -22,7 +22,9 @@
 #              V=151936, bf16: ms, TFLOP/s, % of the GEMM's rate, extra memory (bench_logprobs.py --gpu)
 #   megatron   megatron-core's GPTModel (local spec) forward + backward on CUDA vs the same weights on CPU
 #   agent      one LocalAgent HACPO update on CUDA through the fused Triton loss vs megatron's CE, and with
-#              overlapped DDP (overlap_grad_reduce, overlap_param_gather, 1 MiB buckets) vs without
+#              overlapped DDP (overlap_grad_reduce, overlap_param_gather, 1 MiB buckets) vs without; the
+#              device memory free where colocated engines resume, with and without trainer offload
+#              (rollout.colocate_offload none / optimizer / all), and the wake bit-identical
 #   ipc        our CUDA-IPC tensor payload between two processes on the GPU (zero copy, write-back)
 #   invariance bitwise batch invariance on CUDA (Triton and reference), on-policy ratio exactly 1
 #   report     the numbers into benchmarks/RESULTS.md's GPU section (+ a copy in $OUT to bring back)
@@ -52,7 +54,7 @@ LOG="$OUT/gpu_check.log"        # everything the steps print (tracebacks include
 SUMMARY="$OUT/summary.txt"      # one line per step; results.json holds the numbers; RESULTS.md the report
 KILL_AFTER=2                    # seconds a timed-out step gets between SIGTERM and SIGKILL
 # name:limit_s, in order (the report reads the summary of the steps before it)
-STEPS=(env:30 wheels:10 kernel:70 tp_mask:40 bench:145 megatron:60 agent:70 ipc:30 invariance:35 report:10)
+STEPS=(env:30 wheels:10 kernel:70 tp_mask:40 bench:145 megatron:60 agent:80 ipc:30 invariance:35 report:10)
 BUDGET_S=0
 for entry in "${STEPS[@]}"; do BUDGET_S=$((BUDGET_S + ${entry#*:} + KILL_AFTER)); done
 : > "$LOG"

@@ -1,5 +1,6 @@
 """The megatron-core steps of ``benchmarks/gpu_check.sh`` (need the carried megatron-core wheel):
-``GPTModel`` forward/backward on CUDA vs CPU, and one ``LocalAgent`` update through the fused loss."""
+``GPTModel`` forward/backward on CUDA vs CPU, one ``LocalAgent`` update through the fused loss, and the
+device memory trainer offload frees for colocated engines (:func:`colocation_memory`)."""
 
 from __future__ import annotations
 
@@ -130,6 +131,72 @@ def agent_compare(fused: str = "triton", peer: str = "megatron") -> dict:
             / metrics[peer]["grad_norm"], "moved": moved, "parameters": len(before), "metrics": metrics}
 
 
+def colocation_memory(hidden: int = 768, layers: int = 4, vocab: int = 32000) -> dict:
+    """The device memory free where colocated engines resume (trainer/colocation.py), with and without
+    trainer offload: one bf16 LocalAgent (distributed optimizer) after an update, free device memory
+    (``torch.cuda.mem_get_info``, MiB: what another process can take) as it was (``resident``: nothing
+    emptied, the loop before colocate_offload), after ``sleep("none")`` (the CUDA cache emptied), after
+    ``sleep("optimizer")`` (where the engines resume their weights) and ``sleep("all")`` (where they
+    resume the KV cache), and after the wake; the MiB parked per level, whether the host buffers are
+    pinned, whether every tensor came back bit-identical and an update after the wake is finite."""
+    import torch
+
+    from hacrl_megatron.agents.batch import SequenceBatch
+    from hacrl_megatron.agents.local import LocalAgent
+    from hacrl_megatron.algo import LossInputs
+    from hacrl_megatron.config import AgentConfig, ModelConfig, ParallelConfig, TrainConfig
+
+    def loss_fn(lp, inputs, info):
+        loss = -(inputs.advantages * lp.seq_logp_sum / lp.seq_len).sum() / info.num_sequences
+        return loss, {}
+
+    shape = dict(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=8, num_key_value_heads=4,
+                 head_dim=hidden // 8, intermediate_size=4 * hidden, vocab_size=vocab)
+    cfg = AgentConfig(name="colocated", model=ModelConfig(arch="qwen3", dtype="bfloat16"), lr=1e-4,
+                      parallel=ParallelConfig(use_distributed_optimizer=True))
+    agent = LocalAgent(cfg, TrainConfig(micro_batch_size=2, seed=0),
+                       hf_config=SimpleNamespace(**{**vars(tiny_hf_config(vocab)), **shape}))
+    g = torch.Generator().manual_seed(2)
+    ids = tuple(torch.randint(0, vocab, (n,), generator=g) for n in (40, 64, 52, 33))
+    n = len(ids)
+    inputs = LossInputs(source_logp_sum=torch.zeros(n), source_len=torch.full((n,), 10),
+                        advantages=torch.tensor([1.0, -0.5, 0.7, -1.2]), is_self=torch.ones(n, dtype=torch.bool),
+                        discrepancy=torch.ones(n))
+    batch = SequenceBatch(input_ids=ids, prompt_lens=torch.tensor([3, 5, 2, 8]), loss_inputs=inputs)
+    agent.train([batch], loss_fn)
+    parking = agent._parking()
+    snapshot = {k: s.cpu().clone() for k, s in _storage_bytes(parking).items()}
+
+    def free_mib() -> float:  # NaN on CPU, where tests run this body for API drift
+        if not torch.cuda.is_available():
+            return float("nan")
+        torch.cuda.synchronize()
+        return torch.cuda.mem_get_info()[0] / 2**20
+
+    free = {"resident": free_mib()}
+    parked = {}
+    for level in ("none", "optimizer", "all"):
+        agent.sleep(level)
+        free[level] = free_mib()
+        parked[level] = agent.stats().get("offload_mib", 0.0) if level != "none" else 0.0
+    pinned = all(p.host.is_pinned() == torch.cuda.is_available() for p in parking._parked.values())
+    agent.wake()
+    free["awake_again"] = free_mib()
+    identical = all(torch.equal(snapshot[k], s.cpu()) for k, s in _storage_bytes(parking).items())
+    (after,) = agent.train([batch], loss_fn)
+    return {"free_mib": free, "parked_mib": parked, "pinned_when_cuda": pinned, "identical": identical,
+            "storages": len(snapshot), "update_after_wake_finite": bool(torch.isfinite(torch.tensor(after["loss"]))),
+            "parameters": agent.num_parameters()}
+
+
+def _storage_bytes(parking) -> dict:
+    """Every storage of the agent's model and training state as a uint8 tensor over its bytes."""
+    from hacrl_megatron.agents.offload import _bytes_of
+
+    storages = {**parking._storages(parking._model_tensors()), **parking._storages(parking._training_tensors())}
+    return {k: _bytes_of(s) for k, s in storages.items()}
+
+
 def step_agent() -> str:
     """One LocalAgent HACPO update on CUDA through the fused Triton loss, against the same agent with
     megatron's vocab-parallel cross entropy (same weights): log-probs, loss, grad norm; every parameter moves."""
@@ -148,6 +215,16 @@ def step_agent() -> str:
     check(d_overlap < 1e-6 and data["overlap_loss_diff"] < 1e-6,
           f"overlapped DDP + distributed optimizer vs plain: parameters {d_overlap:.1e}, "
           f"loss {data['overlap_loss_diff']:.1e}")
+    # colocation: the device memory free where the engines resume, with and without trainer offload
+    memory = colocation_memory()
+    record("agent_offload", memory)
+    free, parked = memory["free_mib"], memory["parked_mib"]
+    check(memory["identical"] and memory["update_after_wake_finite"], "offload: the state after the wake differs")
+    check(free["all"] - free["none"] >= 0.95 * parked["all"], f"offload all parked {parked['all']:.0f} MiB, freed "
+          f"{free['all'] - free['none']:.0f} MiB")
     return (f"LocalAgent HACPO update on CUDA, fused Triton loss = megatron CE: logp {d_logp:.1e}, loss "
             f"{d_loss:.1e}, grad norm {d_norm:.1e} (rel.); {moved}/{total} parameters moved; overlapped DDP "
-            f"(overlap_grad_reduce, overlap_param_gather) = plain: parameters {d_overlap:.1e}")
+            f"(overlap_grad_reduce, overlap_param_gather) = plain: parameters {d_overlap:.1e}; colocation, free MiB "
+            f"at engine resume ({memory['parameters'] / 1e6:.0f}M-param bf16 agent): none {free['none']:.0f}, "
+            f"optimizer {free['optimizer']:.0f}, all {free['all']:.0f} (+{free['all'] - free['resident']:.0f}), "
+            "wake bit-identical")

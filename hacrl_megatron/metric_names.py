@@ -35,6 +35,12 @@ METRICS: tuple[tuple[str, str, str], ...] = (
      "pass's micro-batches; train.max_tokens_per_microbatch and train.pack_sequences lower it)"),
     ("<agent>/trainer/peak_rss_mib", "MiB", "peak resident memory of the agent's trainer process"),
     ("<agent>/trainer/updates", "updates", "optimizer updates the agent made so far"),
+    ("<agent>/trainer/offload_mib", "MiB", "rollout.colocate: the agent's state (per rank) in host memory at its "
+     "last sleep while its engines generated (rollout.colocate_offload, docs/colocation.md)"),
+    ("<agent>/trainer/offload_s", "s", "rollout.colocate: seconds the agent's trainer spent moving its state to host "
+     "memory, whole run"),
+    ("<agent>/trainer/wake_s", "s", "rollout.colocate: seconds the agent's trainer spent bringing its state back, "
+     "whole run"),
     ("<agent>/trainer/<stat>", "per counter", "other counters a trainer reports (Ray ranks, GPU memory)"),
     ("<agent>/exchange/from_<source>/n", "sequences", "source responses re-tokenized for the agent this step"),
     ("<agent>/exchange/peers_missing", "agents", "hacrl train --agent: peers whose record did not come this step "

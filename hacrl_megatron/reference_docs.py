@@ -33,6 +33,7 @@ ENUMS = {  # dotted pattern → the allowed values (validation.py checks them wi
     "agents.*.model.dtype": schema.MODEL_DTYPES, "agents.*.parallel.recompute": schema.RECOMPUTE,
     "rollout.engine": schema.ENGINES, "rollout.eos_mode": schema.EOS_MODES,
     "rollout.weight_sync": schema.WEIGHT_SYNC_MODES, "rollout.vllm.dtype": schema.VLLM_DTYPES,
+    "rollout.colocate_offload": schema.COLOCATE_OFFLOAD,
     "rollout.sglang.placement": ("local", "ray"), "hacpo.algorithm": schema.ALGORITHMS,
     "hacpo.cross_clip_mode": schema.CROSS_CLIP_MODES, "hacpo.cross_window": schema.CROSS_WINDOWS,
     "hacpo.kl_estimator": schema.KL_ESTIMATORS, "train.minibatch_order": schema.MINIBATCH_ORDERS,

@@ -81,6 +81,14 @@ class AgentHandle(Protocol):
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors (gathered across TP/PP), streamed one at a time."""
 
+    def sleep(self, level: str) -> None:
+        """Move the agent's GPU state to host memory on every rank, so that colocated engines can use the
+        GPUs (agents/offload.py): ``optimizer`` (optimizer state, fp32 main weights, gradients; the weights
+        stay for the export), ``all`` (the weights too) or ``none`` (nothing). Deeper levels only add."""
+
+    def wake(self) -> None:
+        """Bring back, bit-identical and into the same tensors, what :meth:`sleep` moved."""
+
     def save(self, path: str) -> None:
         """Write model + optimizer + scheduler state under ``path`` (a directory that may not exist)."""
 

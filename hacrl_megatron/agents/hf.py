@@ -17,6 +17,7 @@ import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
 from hacrl_megatron.agents.handle import CompletedResult
+from hacrl_megatron.agents.offload import Offloadable
 from hacrl_megatron.agents.packing import Geometry, count_micro_batches, plan_micro_batches
 from hacrl_megatron.agents.padding import pack_row, pad_right, response_logprobs_from_logits
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
@@ -33,7 +34,7 @@ def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-class HFAgent:
+class HFAgent(Offloadable):
     """Trains ``model`` (a transformers ``PreTrainedModel``) with AdamW on SequenceBatches.
 
     Args:

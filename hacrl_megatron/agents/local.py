@@ -29,6 +29,7 @@ from hacrl_megatron.agents.ddp import ddp_config, gather_updated_params, wire_ov
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.lm_head import build_lm_head
 from hacrl_megatron.agents.moe import MicroLayout, RouterLosses, RoutingReplay, micro_layouts
+from hacrl_megatron.agents.offload import Offloadable
 from hacrl_megatron.agents.packing import (
     MicroBatchPlan,
     count_micro_batches,
@@ -65,8 +66,8 @@ def _experts_in_expert_buffers(model: Any) -> None:
             param.allreduce = False
 
 
-class LocalAgent:
-    """One Megatron agent driven in-process (see module docstring).
+class LocalAgent(Offloadable):
+    """One Megatron agent driven in-process (see module docstring); ``sleep``/``wake``: agents/offload.py.
 
     Args:
         agent_cfg: name, model, parallel, lr, init_checkpoint.

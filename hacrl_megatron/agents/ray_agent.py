@@ -370,6 +370,14 @@ class RayAgent:
         if self._dead is None:
             self._call(RankWorker.close_weight_sender)
 
+    def sleep(self, level: str) -> None:
+        """Every rank moves its state to host memory (agents/offload.py): ``optimizer`` or ``all``."""
+        self._call(RankWorker.sleep, level)
+
+    def wake(self) -> None:
+        """Every rank brings back what :meth:`sleep` moved."""
+        self._call(RankWorker.wake)
+
     def save(self, path: str) -> None:
         """Model + optimizer + scheduler under ``path`` (every rank writes its shard: a shared filesystem)."""
         self._call(RankWorker.save, str(path))

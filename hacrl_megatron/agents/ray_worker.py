@@ -146,11 +146,11 @@ class RankWorker:
 
     # ---- start-up --------------------------------------------------------------------------
     def node_info(self) -> dict[str, Any]:
-        """Where Ray placed this actor: node IP, the GPU ids Ray gave it, pid."""
+        """Where Ray placed this actor: node IP and id, the GPU ids Ray gave it, pid."""
         import ray
 
         return {"ip": ray.util.get_node_ip_address(), "gpu_ids": [str(g) for g in ray.get_gpu_ids()],
-                "pid": os.getpid(), "host": socket.gethostname()}
+                "pid": os.getpid(), "host": socket.gethostname(), "node_id": ray.get_runtime_context().get_node_id()}
 
     def free_port(self) -> int:
         """A TCP port free on all interfaces of this node (the world's rendezvous port): :func:`hacrl_megatron.
@@ -204,6 +204,12 @@ class RankWorker:
 
     def save(self, path: str) -> None:
         self._local.save(path)
+
+    def sleep(self, level: str) -> None:
+        self._local.sleep(level)
+
+    def wake(self) -> None:
+        self._local.wake()
 
     def load(self, path: str) -> None:
         self._local.load(path)

@@ -33,6 +33,7 @@ KL_ESTIMATORS = ("low_var_kl", "k1", "k2")  # docs/algorithm.md §7
 MINIBATCH_ORDERS = ("shuffle", "self_first")
 ROLLOUT_MODES = ("sync", "one_step_off", "async")  # docs/algorithm.md §7b
 WEIGHT_SYNC_MODES = ("auto", "inprocess", "disk", "tensor", "distributed")
+COLOCATE_OFFLOAD = ("none", "optimizer", "all")  # rollout.colocate_offload (agents/offload.py, docs/colocation.md)
 RECOMPUTE = ("none", "selective", "full")
 SGLANG_PYTHON_ENV = "HACRL_SGLANG_PYTHON"  # the container image sets it to its SGLang venv's python
 VLLM_PYTHON_ENV = "HACRL_VLLM_PYTHON"  # the image built with VLLM_REQUIREMENT sets it to its vLLM venv's python
@@ -135,6 +136,12 @@ class AgentConfig:
     rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang / vLLM servers: k ·
     # rollout.<engine>.tp ids start k engines (consecutive groups of tp); empty: one engine, GPUs inherited
 
+    @property
+    def uses_ray_workers(self) -> bool:
+        """The agent's ranks are Ray actors (``workers: ray``, or auto with more than one rank)."""
+        return self.backend == "megatron" and (self.workers == "ray" or (self.workers == "auto"
+                                                                          and self.parallel.world_size > 1))
+
 
 @dataclass
 class HFEngineConfig:
@@ -167,7 +174,8 @@ class SGLangConfig:
 
     # local: each server a child process of the trainer on this host, bound to 127.0.0.1 | ray: each server owned
     # by a Ray actor on a {GPU: tp} bundle of the cluster (any node), bound to that node's address
-    # (rollout/engine_actor.py; multi-node runs)
+    # (rollout/engine_actor.py; multi-node runs); with rollout.colocate on the GPUs of the agent's Ray trainer
+    # ranks, tp of them per server on each of their nodes (docs/colocation.md)
     placement: str = "local"
     host: str = ""  # bind address of the servers ("": the node's address as Ray knows it). With placement=ray
     # only "" or a per-node placeholder, quoted in YAML: "{node_ip}" or "{iface:NAME}" (that interface's IPv4
@@ -184,8 +192,12 @@ class SGLangConfig:
     cpu: bool = False
 
     def auto_weight_sync(self, colocate: bool) -> str:
-        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""
-        return "tensor" if colocate else "distributed"
+        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast; a
+        folder on the shared filesystem for colocated servers on the trainer ranks' nodes (``placement:
+        ray``), which CUDA IPC from the controller's node does not reach."""
+        if colocate:
+            return "disk" if self.placement == "ray" else "tensor"
+        return "distributed"
 
 
 @dataclass
@@ -250,6 +262,9 @@ class RolloutConfig:
     weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
     colocate: bool = False  # SGLang / vLLM engines share the trainer's GPUs: they release their memory while the
     # trainer trains and resume it for the sync (servers start with --enable-memory-saver / --enable-sleep-mode)
+    # colocated only: what the trainer moves to host memory while its engines hold the GPUs (docs/colocation.md):
+    # none | optimizer (optimizer state, fp32 main weights, gradients) | all (its weights too)
+    colocate_offload: str = "all"
 
     @property
     def engine_settings(self) -> HFEngineConfig | SGLangConfig | VLLMConfig:

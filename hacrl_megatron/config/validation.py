@@ -38,6 +38,7 @@ from hacrl_megatron.config.schema import (
     SGLangConfig,
     VLLMConfig,
 )
+from hacrl_megatron.config.validation_colocate import validate_colocation
 from hacrl_megatron.config.validation_scale import (
     validate_context_parallel,
     validate_data_parallel_overlap,
@@ -246,9 +247,6 @@ def validate_rollout(cfg: ExperimentConfig) -> None:
     """``rollout.*``: the engine and its section (``rollout.hf``, ``rollout.sglang``), how weights
     reach it, sampling; and each agent's ``rollout_gpu_ids`` against the SGLang server size."""
     _one_of("rollout.sglang.placement", cfg.rollout.sglang.placement, ("local", "ray"))
-    _rule(cfg.rollout.sglang.placement == "local" or not cfg.rollout.colocate, "rollout.sglang.placement",
-          cfg.rollout.sglang.placement, "colocated servers share the trainer's own GPUs; placement=ray puts them on "
-          "bundles of their own: use placement=local with rollout.colocate=true")
     validate_per_node_hosts(cfg.rollout)
     r = cfg.rollout
     _one_of("rollout.engine", r.engine, ENGINES)
@@ -258,14 +256,7 @@ def validate_rollout(cfg: ExperimentConfig) -> None:
     _rule(r.weight_sync in modes, "rollout.weight_sync", r.weight_sync,
           f"rollout.engine={r.engine} takes weights by {modes}")
     _rule(r.weight_sync_bucket_mb >= 1, "rollout.weight_sync_bucket_mb", r.weight_sync_bucket_mb, "must be >= 1")
-    _rule(not r.colocate or r.engine in ("sglang", "vllm"), "rollout.colocate", r.colocate,
-          "only SGLang and vLLM engines are separate servers that can share the trainer's GPUs "
-          "(rollout.engine: sglang or vllm)")
-    _rule(r.weight_sync != "tensor" or r.colocate, "rollout.weight_sync", r.weight_sync,
-          "tensor (CUDA IPC) needs the servers on the trainer's GPUs: set rollout.colocate: true")
-    _rule(r.weight_sync != "distributed" or not r.colocate, "rollout.weight_sync", r.weight_sync,
-          "colocated servers share the trainer's GPUs and NCCL cannot put two ranks of one group on one GPU: "
-          "use tensor (or auto)")
+    validate_colocation(cfg)  # config/validation_colocate.py
     _rule(r.hf.max_batch_size >= 1, "rollout.hf.max_batch_size", r.hf.max_batch_size, "must be >= 1")
     s = r.sglang
     _rule(s.tp >= 1, "rollout.sglang.tp", s.tp, "must be >= 1")

@@ -19,6 +19,12 @@ the other GPUs, Ray is offered only those (the engines' GPUs are reserved); othe
 share the trainers' GPUs (``rollout.colocate``, or resident engines at their ``mem_fraction``). On
 several nodes ``agents.N.rollout_gpu_ids`` are job-wide GPU indices, ``node · gpus_per_node +
 local id`` (on node 0 the same as local ids): ``len / tp`` engines at those places.
+
+Colocated servers placed by Ray (``rollout.colocate`` with ``rollout.sglang.placement: ray``, any
+number of nodes) follow the trainers instead: every node's engines are ``rollout.sglang.tp`` GPUs of
+that node's trainer ranks (:func:`colocated_engines`; the runtime reads the ranks' real GPUs,
+rollout/engine_actor.colocated_shares). Local servers start on the controller's node only, so
+colocation with ``placement: local`` stays on one node.
 """
 
 from __future__ import annotations
@@ -82,7 +88,7 @@ class NodePlan:
     gpus_per_node: int
     head_gpu_ids: tuple[int, ...] | None  # GPUs node 0 offers Ray; None: all of them
     agents: tuple[AgentNodes, ...]
-    shared: bool = False  # the engines share the trainers' GPUs (one node)
+    shared: bool = False  # the engines share the trainers' GPUs (one node, or servers following the Ray ranks)
 
     def describe(self) -> list[str]:
         """One line per agent (and one for node 0), for the launch script's header."""
@@ -207,6 +213,20 @@ def place_engines(counts: list[int], engine_tp: int, trainers: list[tuple[Span, 
 # a config's placement
 
 
+def colocated_engines(cfg: ExperimentConfig, trainers: list[tuple[Span, ...]]) -> list[tuple[Engine, ...]]:
+    """Each agent's colocated servers placed by Ray (rollout/engine_actor.colocated_shares): on every node
+    of its trainer spans, ``rollout.sglang.tp`` of that node's trainer GPUs per server."""
+    tp = cfg.rollout.sglang.tp
+    out = []
+    for a, spans in zip(cfg.agents, trainers):
+        for node, _, count in spans:
+            if count % tp:
+                raise PlacementError(f"rollout.sglang.tp={tp}: agent {a.name!r} has {count} trainer GPU(s) on node "
+                                     f"{node}; colocated servers of {tp} GPUs each must tile every node's share")
+        out.append(tuple(Engine(node, first + k, tp) for node, first, count in spans for k in range(0, count, tp)))
+    return out
+
+
 def _config_engines(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> list[tuple[Engine, ...]]:
     """Each agent's engines from ``rollout_gpu_ids`` (job-wide indices; groups of ``rollout.sglang.tp``)."""
     tp = cfg.rollout.sglang.tp
@@ -264,7 +284,16 @@ def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan
     worlds = [a.parallel.world_size for a in cfg.agents]
     engines = _config_engines(cfg, nodes, gpus_per_node) if sglang else [()] * len(worlds)
     head, shared = None, False
-    if nodes == 1:
+    follow_ranks = sglang and cfg.rollout.colocate and cfg.rollout.sglang.placement == "ray"
+    if cfg.rollout.colocate and nodes > 1 and cfg.rollout.engine == "vllm":
+        raise PlacementError(f"rollout.engine=vllm with rollout.colocate=true on {nodes} nodes: vLLM servers start on "
+                             "the controller's node only, the trainer ranks they would share GPUs with run on the "
+                             "others: colocate on one node, or use rollout.engine=sglang with "
+                             "rollout.sglang.placement=ray")
+    if follow_ranks:  # colocated servers placed by Ray: on every node, that node's trainer GPUs
+        trainers = place_trainers(worlds, nodes, gpus_per_node)
+        engines, shared = colocated_engines(cfg, trainers), True
+    elif nodes == 1:
         # one node: engine GPUs are withheld from Ray when the trainers fit on the others
         reserved = frozenset((0, g) for e in engines for x in e for g in range(x.first, x.first + x.gpus))
         shared = sglang and (cfg.rollout.colocate or sum(worlds) > gpus_per_node - len(reserved))
@@ -272,8 +301,10 @@ def node_plan(cfg: ExperimentConfig, nodes: int, gpus_per_node: int) -> NodePlan
         if reserved and not shared:
             head = tuple(g for g in range(gpus_per_node) if (0, g) not in reserved)
     elif sglang and cfg.rollout.colocate:
-        raise PlacementError(f"rollout.colocate=true on {nodes} nodes: engines share the trainers' GPUs only on one "
-                             "node (set rollout.colocate=false)")
+        raise PlacementError(f"rollout.sglang.placement=local with rollout.colocate=true on {nodes} nodes: local "
+                             "servers start on the controller's node, the trainer ranks they would share GPUs with "
+                             "run on the others: set rollout.sglang.placement=ray (the servers then follow each "
+                             "agent's Ray ranks onto their nodes; weights by rollout.weight_sync=disk)")
     else:
         trainers = place_trainers(worlds, nodes, gpus_per_node)
         if sglang and not any(engines):

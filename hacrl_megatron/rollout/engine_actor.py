@@ -10,6 +10,11 @@ get_node_ip_address()``, or ``rollout.sglang.host``), and reports its URL; the c
 over HTTP like any other server, and health checks, restarts and shutdown go through the actor
 (:class:`RemoteServer` has the lifecycle of an ``SGLangServer``, so ``SGLangEngine`` and the engine
 pool need no change). Ray is imported lazily: nothing here runs without a cluster.
+
+Colocated servers (``rollout.colocate`` with ``placement: ray``, :func:`start_colocated_servers`)
+follow an agent's Ray trainer ranks instead: on every node the ranks use, one server per
+``rollout.sglang.tp`` of their GPUs, pinned to that node without a bundle of its own (the GPUs are
+the ranks' in Ray's accounting; the two take turns on them, trainer/colocation.py).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import os
 import signal
 import urllib.parse
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from hacrl_megatron.ray_nodes import (  # noqa: F401  (re-exported: the names engines were placed by)
@@ -92,7 +98,8 @@ class ServerActor:
     actor). host: bind address ("" = the node's address as Ray knows it).
     """
 
-    def __init__(self, server_cls: type, server_kwargs: dict[str, Any], host: str = "") -> None:
+    def __init__(self, server_cls: type, server_kwargs: dict[str, Any], host: str = "",
+                 shared_gpu_ids: list[int] | None = None) -> None:
         import ray
 
         self.node_ip = bind_host(host, ray.util.get_node_ip_address)
@@ -101,6 +108,8 @@ class ServerActor:
         # CUDA_VISIBLE_DEVICES for the server: Ray's GPU ids of this actor (it already set them for us);
         # on a node without CUDA (tests with fake GPU resources) the environment is left alone
         gpu_ids = gpus if len(gpus) == tp and _has_cuda() else None
+        if shared_gpu_ids is not None:  # colocated: the GPUs Ray counts as the trainer ranks' (this actor has none)
+            gpu_ids = None if server_kwargs.get("cpu") else list(shared_gpu_ids)
         self.server = server_cls(host=self.node_ip, gpu_ids=gpu_ids, **server_kwargs)
 
     def start(self, timeout: float = 900.0) -> str:
@@ -347,17 +356,10 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
     ``$HACRL_PLACEMENT_TIMEOUT_S`` (300 s) fails naming the agent, the planned nodes and what holds
     their GPUs. Joins the Ray cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a
     new local one without it)."""
-    import ray
     from ray.util.placement_group import placement_group
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    if not ray.is_initialized():
-        from hacrl_megatron.sockets import ray_temp_dir
-
-        address = os.environ.get("RAY_ADDRESS")
-        short = ray_temp_dir() if address is None else None  # a new local cluster under a long TMPDIR
-        ray.init(address=address, log_to_driver=False, **({"_temp_dir": short} if short else {}))
-
+    ray = _connected_ray()
     who = f"agent {name!r}: engines" if name else "engines"
     gpus_per_node(ray, who)  # a launched multi-node job without $HACRL_GPUS_PER_NODE is refused here
     nodes = nodes if nodes is not None else [None] * len(server_kwargs)
@@ -413,3 +415,79 @@ def start_remote_servers(server_cls: type, server_kwargs: list[dict[str, Any]], 
 
     return [RemoteServer(a, url, tp, shared, respawner(i, url), node_id=w["node_id"])
             for i, (a, url, w) in enumerate(zip(actors, urls, where))]
+
+
+def _connected_ray() -> Any:
+    """Ray, joined to the cluster at ``$RAY_ADDRESS`` when this process is not connected yet (a new
+    local one without it)."""
+    import ray
+
+    if not ray.is_initialized():
+        from hacrl_megatron.sockets import ray_temp_dir
+
+        address = os.environ.get("RAY_ADDRESS")
+        short = ray_temp_dir() if address is None else None  # a new local cluster under a long TMPDIR
+        ray.init(address=address, log_to_driver=False, **({"_temp_dir": short} if short else {}))
+    return ray
+
+
+@dataclass(frozen=True)
+class SharedGPUs:
+    """Where one colocated server runs: a Ray node and GPUs of it that an agent's trainer ranks hold."""
+
+    node_id: str
+    gpu_ids: tuple[int, ...]
+
+
+def colocated_shares(rank_placement: list[dict[str, Any]] | None, tp: int, agent: str) -> list[SharedGPUs]:
+    """The colocated servers of an agent whose Ray ranks are placed as ``rank_placement`` (per rank, in
+    rank order: ``node_id`` and Ray's ``gpu_ids``, agents/ray_worker.RankWorker.node_info): on every
+    node the ranks use, its trainer GPUs in ascending order, ``tp`` per server. ValueError naming the
+    field when the ranks are not Ray ranks or a node's share is not a multiple of ``tp``."""
+    if not rank_placement:
+        raise ValueError(f"agent {agent!r}: colocated servers with rollout.sglang.placement=ray share the GPUs of the "
+                         "agent's Ray ranks, and this agent has none (agents.N.workers: ray)")
+    by_node: dict[str, list[int]] = {}
+    for rank in rank_placement:
+        by_node.setdefault(rank["node_id"], []).extend(int(g) for g in rank["gpu_ids"])
+    shares = []
+    for node_id, gpus in by_node.items():
+        gpus = sorted(gpus)
+        if not gpus or len(gpus) % tp:
+            raise ValueError(f"rollout.sglang.tp={tp}: agent {agent!r} has {len(gpus)} trainer GPU(s) on Ray node "
+                             f"{node_id[:12]}; colocated servers of {tp} GPUs each must tile every node's share")
+        shares += [SharedGPUs(node_id, tuple(gpus[k:k + tp])) for k in range(0, len(gpus), tp)]
+    return shares
+
+
+def start_colocated_servers(server_cls: type, server_kwargs: list[dict[str, Any]], tp: int,
+                            shares: list[SharedGPUs], host: str = "", timeout: float = 900.0) -> list[RemoteServer]:
+    """One :class:`ServerActor` per entry of ``server_kwargs`` on the node and GPUs of ``shares[k]``
+    (``rollout.colocate`` with ``placement: ray``, docs/colocation.md): the GPUs are the trainer ranks'
+    in Ray's accounting, so the actor asks for none (and no CPU either: a node's CPUs may all be the
+    ranks' bundles; it only supervises the server's process) and is pinned to the node. Returns the
+    handles, in order, once every server answers; a lost actor is replaced on the same node and GPUs."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    ray = _connected_ray()
+    remote = ray.remote(ServerActor)
+
+    def place(index: int, kwargs: dict[str, Any]) -> Any:
+        share = shares[index]
+        return remote.options(num_gpus=0, num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(
+            node_id=share.node_id, soft=False)).remote(server_cls, kwargs, host, list(share.gpu_ids))
+
+    actors = [place(i, kwargs) for i, kwargs in enumerate(server_kwargs)]
+    try:
+        urls = ray.get([a.start.remote(timeout) for a in actors], timeout=timeout + ACTOR_CALL_TIMEOUT_S)
+    except BaseException:
+        for a in actors:
+            kill_actor_quietly(a)
+        raise
+
+    def respawner(index: int, url: str) -> Any:  # a replacement actor serves on the same port
+        kwargs = {**server_kwargs[index], "port": urllib.parse.urlparse(url).port}
+        return lambda: place(index, kwargs)
+
+    return [RemoteServer(a, url, tp, None, respawner(i, url), node_id=shares[i].node_id)
+            for i, (a, url) in enumerate(zip(actors, urls))]

@@ -24,7 +24,9 @@ how prompts were spread.
 Weights go to every engine through one transport of ``sync/`` (``transport.push``). Colocated
 engines (sharing the trainer's GPUs) release their memory on :meth:`EnginePool.release_memory`
 (the trainer is about to train) and take back the weights' memory first, then the KV cache's,
-around the next sync.
+around the next sync. A caller that resumed the weights itself (``resume_memory(["weights"])``: the
+colocation schedule, trainer/colocation.py, which puts the trainer's weights to sleep between the
+push and the KV cache) resumes the KV cache itself too.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ READY, STALE, DEAD = "ready", "stale", "dead"  # stale: restarted, still on its 
 RETIRED = "retired"  # its node left the cluster: never restarted, never synced, its bundle share released
 MAX_FAULT_RESTARTS = 2  # restarts in a row of a server that answers 5xx before it is left down
 Export = Callable[[], Iterable[tuple[str, "torch.Tensor"]]]
+MEMORY_TAGS = ("weights", "kv_cache")  # what colocated engines release and resume (SGLang's tags, vLLM's too)
 
 
 @dataclass
@@ -90,7 +93,7 @@ class EnginePool:
         self.name = name
         self.weight_version = 0
         self._export: Export | None = None
-        self._released = False
+        self._released: set[str] = set()  # what the colocated engines gave back: "weights", "kv_cache"
         self._lock = threading.Lock()
         self._seconds = 0.0
 
@@ -277,9 +280,9 @@ class EnginePool:
         targets = [s for s in self.slots if s.state in (READY, STALE)]
         if not targets:
             raise EngineError(f"agent {self.name!r}: every engine is down; cannot sync weights")
-        if self._released:  # weights first, KV cache after: the peak stays at one copy of the weights
-            for s in targets:
-                s.engine.resume_memory(["weights"])
+        resumes_kv = "weights" in self._released  # else the caller resumed the weights and owns the KV cache's turn
+        if resumes_kv:  # weights first, KV cache after: the peak stays at one copy of the weights
+            self._resume(["weights"], targets)
         version, dead = self.weight_version + 1, []
         try:
             count = self.transport.push([s.engine for s in targets], tensors(), version)
@@ -297,10 +300,8 @@ class EnginePool:
             s.state = READY
         for s in dead:  # restarted, then restored at ``version`` (from the transport or from ``export``)
             self._start_recovery(s)
-        if self._released:
-            for s in targets:
-                s.engine.resume_memory(["kv_cache"])
-            self._released = False
+        if resumes_kv:
+            self._resume(["kv_cache"], targets)
         return count
 
     def _failed_in_push(self, targets: list[_Slot], err: EngineError) -> list[_Slot]:
@@ -341,19 +342,25 @@ class EnginePool:
 
     def release_memory(self) -> None:
         """Colocated engines free their GPU memory (weights and KV cache) for the trainer."""
-        if not self.colocate or self._released:
+        if not self.colocate or self._released == set(MEMORY_TAGS):
             return
-        for slot in self._live():
-            slot.engine.release_memory()
-        self._released = True
+        held = [t for t in MEMORY_TAGS if t not in self._released]
+        for slot in self._live():  # all at once in one request when nothing was released before
+            slot.engine.release_memory(None if len(held) == len(MEMORY_TAGS) else held)
+        self._released = set(MEMORY_TAGS)
 
-    def resume_memory(self) -> None:
-        """Take back what :meth:`release_memory` freed (before generating or scoring)."""
-        if not self._released:
-            return
-        for slot in self._live():
-            slot.engine.resume_memory()
-        self._released = False
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Take back what :meth:`release_memory` freed (before generating or scoring): ``tags`` of
+        :data:`MEMORY_TAGS` (None: all); what is already back is not asked for again."""
+        wanted = [t for t in (MEMORY_TAGS if tags is None else tags) if t in self._released]
+        if wanted:
+            self._resume(wanted, self._live(), whole=len(wanted) == len(self._released) == len(MEMORY_TAGS))
+
+    def _resume(self, tags: list[str], slots: list[_Slot], whole: bool = False) -> None:
+        """``slots``' engines take back ``tags`` (``whole``: everything, in one request)."""
+        for slot in slots:
+            slot.engine.resume_memory(None if whole else list(tags))
+        self._released -= set(tags)
 
     # ----------------------------------------------------------------------------------------
     # metrics and shutdown

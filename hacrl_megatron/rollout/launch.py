@@ -37,15 +37,19 @@ def engine_root(exp: ExperimentConfig, agent_name: str) -> Path:
     return Path(exp.output_dir) / "engines" / agent_name
 
 
-def start_engines(exp: ExperimentConfig, agent: ResolvedAgent, model: Any, tokenizer: Any) -> StartedEngines:
+def start_engines(exp: ExperimentConfig, agent: ResolvedAgent, model: Any, tokenizer: Any,
+                  trainer_placement: list[dict[str, Any]] | None = None) -> StartedEngines:
     """Start ``agent``'s engines on ``model``'s weights: an HF model in this process, or (server
-    engines only: the in-process HF engine needs the model itself) the path of an HF folder."""
+    engines only: the in-process HF engine needs the model itself) the path of an HF folder.
+    ``trainer_placement``: where the agent's Ray ranks run, for colocated servers placed by Ray (SGLang's
+    starter alone takes it: config validation allows such servers for SGLang only)."""
     name = exp.rollout.engine
     if name not in ENGINE_MODULES:
         raise ValueError(f"rollout.engine={name!r}: no engine module; known: {sorted(ENGINE_MODULES)}")
     module = importlib.import_module(ENGINE_MODULES[name])
+    where = {} if trainer_placement is None else {"trainer_placement": trainer_placement}
     started = module.start_engines(exp, agent.cfg, model, tokenizer, engine_root(exp, agent.name),
-                                   hf_config=agent.hf_config)
+                                   hf_config=agent.hf_config, **where)
     if not started.clients:
         raise ValueError(f"rollout.engine={name!r}: agent {agent.name!r} got no engine")
     return started

@@ -233,12 +233,15 @@ class SGLangServer:
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
-                  root: Path, hf_config: Any = None) -> StartedEngines:
+                  root: Path, hf_config: Any = None,
+                  trainer_placement: list[dict[str, Any]] | None = None) -> StartedEngines:
     """``rollout.engine: sglang`` (``rollout/launch.py``): put ``model`` (an HF model in this process, or
     an HF folder, linked rather than loaded: ``servers.engine_model_dir``) and ``tokenizer`` in
     ``root/init`` (the servers load it; also the config source of disk-sync folders), start the
     agent's servers on it (logs ``root/server<k>.log``) and return one client per server.
-    ``hf_config``: the agent's transformers config (a CPU server is told the trainer's dtype)."""
+    ``hf_config``: the agent's transformers config (a CPU server is told the trainer's dtype).
+    ``trainer_placement``: the agent's Ray ranks (per rank: node id, GPU ids), whose GPUs colocated
+    servers with ``placement: ray`` share (rollout/engine_actor.colocated_shares)."""
     r, s = exp.rollout, exp.rollout.sglang
     api_key = read_api_key(s.api_key_file, "rollout.sglang.api_key_file")
     init_dir = engine_model_dir(model, tokenizer, root / "init")
@@ -252,14 +255,18 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
         extra += ["--dtype", trainer_dtype(agent_cfg, model, hf_config)]
     groups = gpu_groups(agent_cfg.rollout_gpu_ids, s.tp, "rollout.sglang.tp")
     if s.placement == "ray":  # on the cluster's nodes, each owned by a Ray actor (rollout/engine_actor.py)
-        from hacrl_megatron.rollout.engine_actor import planned_nodes, start_remote_servers
+        from hacrl_megatron.rollout import engine_actor
 
+        shares = engine_actor.colocated_shares(trainer_placement, s.tp, agent_cfg.name) if r.colocate else None
         kwargs = [dict(model_path=str(init_dir), tp_size=s.tp, mem_fraction_static=s.mem_fraction, extra_args=extra,
                        log_path=str(root / f"server{k}.log"), command=command,
                        python=None if command else s.python or None, api_key=api_key, cpu=s.cpu)
-                  for k in range(len(groups))]
-        servers = start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host,
-                                       nodes=planned_nodes(groups, agent_cfg.name), name=agent_cfg.name)
+                  for k in range(len(shares if shares is not None else groups))]
+        if shares is not None:  # on every node of the agent's trainer ranks, sharing their GPUs
+            servers = engine_actor.start_colocated_servers(SGLangServer, kwargs, s.tp, shares, host=s.host)
+        else:
+            servers = engine_actor.start_remote_servers(SGLangServer, kwargs, s.tp, host=s.host, name=agent_cfg.name,
+                                                        nodes=engine_actor.planned_nodes(groups, agent_cfg.name))
     else:
         servers = [SGLangServer(init_dir, tp_size=s.tp, gpu_ids=gpus, mem_fraction_static=s.mem_fraction,
                                 extra_args=extra, log_path=root / f"server{k}.log", command=command,

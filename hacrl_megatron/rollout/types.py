@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 import secrets
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -142,8 +142,10 @@ class TrainingEngine(RolloutEngine, Protocol):
         """Give GPU memory back while the trainer trains (engines colocated with it); else nothing."""
         ...
 
-    def resume_memory(self) -> None:
-        """Take the memory back (also done implicitly by the next generate or sync)."""
+    def resume_memory(self, tags: Sequence[str] | None = None) -> None:
+        """Take the memory back (also done implicitly by the next generate or sync): ``tags``
+        ("weights", "kv_cache"; None: all), e.g. the weights alone before a sync whose trainer must
+        leave the GPU before the KV cache returns (trainer/colocation.py)."""
         ...
 
     def close(self) -> None:

@@ -30,16 +30,29 @@ def check_sync(agent: AgentHandle, engine: TrainingEngine, prompt_ids: list[int]
     log-probs. Raises :class:`WeightSyncError` when the difference exceeds
     ``tolerance_per_token × len(response_ids)``.
     """
+    trainer_sum = trainer_logprob(agent, prompt_ids, response_ids)
+    return compare_logprobs(agent.name, trainer_sum, engine.sequence_logprob(list(prompt_ids), list(response_ids)),
+                            len(response_ids), tolerance_per_token)
+
+
+def trainer_logprob(agent: AgentHandle, prompt_ids: list[int], response_ids: list[int]) -> float:
+    """The trainer's half of :func:`check_sync` (colocated runs score it before the engines' KV cache
+    comes back, trainer/colocation.py)."""
     batch = SequenceBatch(
         input_ids=(torch.tensor(list(prompt_ids) + list(response_ids), dtype=torch.long),),
         prompt_lens=torch.tensor([len(prompt_ids)]),
     )
     trainer_sum, _ = agent.sequence_logprobs(batch, 1.0)
-    engine_sum = engine.sequence_logprob(list(prompt_ids), list(response_ids))
-    diff = abs(float(trainer_sum[0]) - engine_sum)
-    if diff > tolerance_per_token * len(response_ids):
+    return float(trainer_sum[0])
+
+
+def compare_logprobs(name: str, trainer_sum: float, engine_sum: float, response_len: int,
+                     tolerance_per_token: float = SYNC_TOLERANCE_PER_TOKEN) -> float:
+    """|engine_sum − trainer_sum| (nats); :class:`WeightSyncError` above ``tolerance_per_token × response_len``."""
+    diff = abs(trainer_sum - engine_sum)
+    if diff > tolerance_per_token * response_len:
         raise WeightSyncError(
-            f"agent {agent.name!r}: after weight sync the engine's log-prob of the probe sequence is {engine_sum:.6f}, "
-            f"the trainer's {float(trainer_sum[0]):.6f} (|diff| {diff:.2e} > {tolerance_per_token:g}/token)"
+            f"agent {name!r}: after weight sync the engine's log-prob of the probe sequence is {engine_sum:.6f}, "
+            f"the trainer's {trainer_sum:.6f} (|diff| {diff:.2e} > {tolerance_per_token:g}/token)"
         )
     return diff

@@ -30,10 +30,10 @@ from hacrl_megatron.exchange.retokenize import Exchange
 from hacrl_megatron.reward.custom import custom_score_fn
 from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.rollout.servers import StartTogether
-from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.best import update_best
 from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
+from hacrl_megatron.trainer.colocation import ColocationSchedule
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
     accuracy_table,
@@ -77,9 +77,11 @@ class Run:
     # every agent of the run in config order: the runtimes, and a PeerAgent for each agent another job trains
     agents: list[Any] = field(default_factory=list)
     peers: PeerExchange | None = None  # `hacrl train --agent`: the exchange with the other jobs (trainer/peers.py)
+    colocation: ColocationSchedule | None = None  # who holds the shared GPUs when (trainer/colocation.py)
 
     def __post_init__(self) -> None:
         self.agents = self.agents or list(self.runtimes)
+        self.colocation = self.colocation or ColocationSchedule.for_run(self.exp, self.runtimes)
 
     @property
     def names(self) -> list[str]:
@@ -230,14 +232,18 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
 
 
 def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
-    """Push every agent's weights into its engines and check them on a probe sequence; agents whose
-    trainer and engines both run elsewhere sync at the same time (trainer/concurrency.py)."""
+    """Push every agent's weights into its engines and check them on a probe sequence, in the colocation
+    schedule's order (trainer/colocation.py); agents whose trainer and engines both run elsewhere sync at
+    the same time (trainer/concurrency.py)."""
     response_text = run.task.sft_target(probe)
 
+    def probe_ids(rt: AgentRuntime) -> tuple[list[int], list[int]]:
+        return rt.prompt_ids(probe.question), rt.tokenizer(response_text, add_special_tokens=False)["input_ids"]
+
+    diffs = run.colocation.sync(probe_ids)
+
     def sync(rt: AgentRuntime) -> dict[str, float]:
-        rt.sync_weights()
-        response = rt.tokenizer(response_text, add_special_tokens=False)["input_ids"]
-        metrics = {f"{rt.name}/sync_logp_diff": check_sync(rt.trainer, rt.engine, rt.prompt_ids(probe.question), response)}
+        metrics = {f"{rt.name}/sync_logp_diff": diffs[rt.name]}
         gen = rt.engine.stats()
         metrics[f"{rt.name}/rollout_tokens_per_s"] = float(gen["tokens_per_s"])
         # the engine counts since it started: add what the run's earlier processes generated (resume)
@@ -251,7 +257,7 @@ def _sync_engines(run: Run, probe: PromptRecord) -> dict[str, float]:
         return metrics
 
     out: dict[str, float] = {}
-    for metrics in for_each(run.runtimes, sync, lambda rt: runs_in_process(rt.trainer, rt.engine)):
+    for metrics in for_each(run.runtimes, sync, lambda rt: runs_in_process(rt.trainer, rt.engine)):  # stats calls
         out.update(metrics)
     return out
 
@@ -268,10 +274,10 @@ def train_step(run: Run) -> dict[str, float]:
         clock = now
 
     metrics: dict[str, float] = {}
+    run.colocation.for_generation()  # colocated: the trainers sleep while the engines generate
     record, behaviour = _next_rollout(run, metrics)  # sync: sampled now; overlapping: sampled while training
     prompts = record.prompts
-    for rt in run.runtimes:  # colocated engines hand their GPU memory to the trainer until the sync
-        rt.engine.release_memory()
+    run.colocation.for_training()  # colocated engines hand their GPU memory to the trainers until the sync
     lap("rollout")
     data = stages.verify(run.verifier, prompts, record.completions, step, exp.rollout.max_response_len + 1)
     lap("verify")
@@ -337,6 +343,7 @@ def _exchange(run: Run, data: stages.StepData, versions: dict[str, int],
 
 
 def _save(run: Run) -> None:
+    run.colocation.for_training()  # the trainers' whole state, on their GPUs
     # the data position is the step itself (prompts are sampled at offset step × prompts_per_step); an
     # overlapping run also saves its finished, untrained batches with their behaviour log-probs
     state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run),
@@ -389,6 +396,7 @@ def _evaluates(exp: ExperimentConfig, step: int) -> bool:
 def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
     """Greedy accuracy on the held-out set and avg@k / pass@k on the benchmarks, each printed once."""
     metrics: dict[str, float] = {}
+    run.colocation.for_generation()
     with run.source.engines_idle():
         if run.eval_records:
             acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
@@ -404,7 +412,12 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
             out.write(f"step {run.step}: eval {format_scores(scores)}")
             metrics.update(scores)
     if run.exp.checkpoint.export_best:  # trainer/best.py
-        for line in update_best(run.best, metrics, run.step, run.runtimes, run.exp.output_dir, export_hf):
+
+        def export(rt: AgentRuntime, folder: Path) -> Path:
+            run.colocation.for_training()  # only when an agent improved: the export reads its weights
+            return export_hf(rt, folder)
+
+        for line in update_best(run.best, metrics, run.step, run.runtimes, run.exp.output_dir, export):
             out.write(line)
     return metrics
 
@@ -451,6 +464,7 @@ def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) ->
                 _save(run)
         if run.history:
             out.write(accuracy_table(run.history, exp))
+        run.colocation.for_training()
         for rt in run.runtimes:  # each agent is deployed alone: a plain HF folder per agent
             out.write(f"{rt.name}: final weights → {export_hf(rt, Path(exp.output_dir) / 'final' / rt.name)}")
     except TrainerNodeLost as err:  # a trainer rank's node left the cluster: one line, and where to resume

@@ -65,6 +65,7 @@ MAY_CHANGE_ON_RESUME = (
     "agents.*.parallel.overlap_param_gather", "agents.*.parallel.ddp_bucket_mb", "agents.*.rollout_gpu_ids", "rollout.sglang_*", "rollout.weight_sync",
     "rollout.sglang.*", "rollout.hf.*", "rollout.vllm.*",  # where and how the engines run, not what they sample
     "rollout.weight_sync_bucket_mb", "rollout.colocate",
+    "rollout.colocate_offload",  # where the trainer's state waits while the engines generate: restored bit for bit
     "exchange.*",  # where the records travel and how long a step waits for them, not what they hold
 )
 

@@ -135,7 +135,7 @@ def reads_weights_itself(exp: ExperimentConfig, cfg: AgentConfig) -> bool:
 
 def uses_ray_workers(cfg: AgentConfig) -> bool:
     """The agent's ranks are Ray actors (``workers: ray``, or auto with more than one rank)."""
-    return cfg.backend == "megatron" and (cfg.workers == "ray" or (cfg.workers == "auto" and cfg.parallel.world_size > 1))
+    return cfg.uses_ray_workers
 
 
 def planned_trainer_spans(exp: ExperimentConfig, cfg: AgentConfig) -> list[tuple[int, int]] | None:
@@ -192,7 +192,9 @@ def build_engine(exp: ExperimentConfig, agent: ResolvedAgent, model: PreTrainedM
     engines): its clients (``rollout.engine``) in a pool
     behind the transport ``rollout.weight_sync`` names, or the one in-process HF engine itself
     (``inprocess``). A Ray agent's ranks broadcast themselves with the distributed transport."""
-    started = start_engines(exp, agent, model, tokenizer)
+    r = exp.rollout  # colocated servers placed by Ray go where the agent's ranks are (rollout/engine_actor.py)
+    shares_ranks = r.colocate and r.engine == "sglang" and r.sglang.placement == "ray"
+    started = start_engines(exp, agent, model, tokenizer, getattr(trainer, "placement", None) if shares_ranks else None)
     if resolve_weight_sync(exp.rollout) == "inprocess":  # the HF engine copies the trainer's tensors itself
         (engine,) = started.clients
         return engine

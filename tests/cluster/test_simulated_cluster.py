@@ -214,6 +214,34 @@ def test_megatron_trainers_and_engines_on_distinct_nodes_sync_across_nodes(clust
             rt.close()
 
 
+@pytest.mark.timeout(1800)  # four Megatron ranks and two servers start on 2 cores
+def test_colocated_servers_follow_the_trainer_ranks_onto_their_nodes(cluster, tmp_path):
+    """rollout.colocate with placement ray across nodes (docs/colocation.md): each agent's TP2 world fills
+    one GPU node and its TP2 server starts on that node, on the ranks' GPUs, without a bundle of its own;
+    the ranks sleep (colocate_offload=all) while it generates, and the weights come by disk."""
+    exp, _ = megatron_cluster_exp(tmp_path)
+    command = [*exp.rollout.sglang.command, "--tp-size", "2"]
+    rollout = dataclasses.replace(exp.rollout, colocate=True, weight_sync="auto", colocate_offload="all",
+                                  sglang=dataclasses.replace(exp.rollout.sglang, tp=2, command=command))
+    agents = [dataclasses.replace(a, rollout_gpu_ids=[]) for a in exp.agents]
+    exp = validate(dataclasses.replace(exp, rollout=rollout, agents=agents))
+    run, history = run_with(exp)
+    try:
+        for rt in run.runtimes:
+            (trainer_node,) = {r["ip"] for r in rt.trainer.placement}
+            (slot,) = rt.engine.slots
+            assert urlparse(slot.engine.base_url).hostname == trainer_node  # the server shares its trainer's node
+            assert slot.engine.server._group is None  # no bundle of its own: the GPUs are the ranks'
+        for metrics in history:
+            for name in ("llama", "qwen3"):
+                assert metrics[f"{name}/sync_logp_diff"] < 1e-4, metrics[f"{name}/sync_logp_diff"]
+                assert metrics[f"{name}/trainer/offload_mib"] > 0  # every rank slept while its server generated
+        assert run.colocation.turn == "generation"
+    finally:
+        for rt in run.runtimes:
+            rt.close()
+
+
 def test_engines_go_to_the_nodes_the_planner_chose(cluster, tmp_path, monkeypatch):
     """Job-wide rollout_gpu_ids (node · gpus_per_node + local id) place each engine on its planned node."""
     from hacrl_megatron.exchange.tokenizers import load_tokenizer

@@ -35,7 +35,8 @@ ENUMERATIONS = {"agents.*.backend", "agents.*.workers", "agents.*.model.arch", "
                 "hacpo.algorithm", "hacpo.cross_clip_mode", "hacpo.cross_window", "train.lr_schedule",
                 "train.verifier_mode", "train.minibatch_order", "hacpo.kl_estimator", "data.task", "data.path",
                 "data.checker", "rollout.vllm.dtype", "train.rollout_mode", "rollout.sglang.placement",
-                "data.prompt_key", "data.answer_key", "exchange.backend", "exchange.on_missing"}
+                "data.prompt_key", "data.answer_key", "exchange.backend", "exchange.on_missing",
+                "rollout.colocate_offload"}
 # hostile values inside their field's real range: each works (test_accepted_values_run_one_step)
 ACCEPTED = {
     "0": {"agents.0.model.num_experts", "agents.0.model.moe_ffn_hidden_size",

@@ -157,8 +157,10 @@ def test_megatron_and_agent_step_bodies_run_on_cpu(tmp_path):
             "g = u.module_from_spec(s); s.loader.exec_module(g)\n"
             f"print(g.step_megatron_cpu({str(tmp_path / 'cpu.pt')!r}))\n"
             "import json, gpu_check_megatron as m; d = m.agent_compare('reference', 'megatron')\n"
-            "print(json.dumps({k: d[k] for k in "
-            "('logp_diff', 'loss_diff', 'grad_norm_rel_diff', 'moved', 'parameters')}))\n")
+            "c = m.colocation_memory(hidden=64, layers=1, vocab=256)\n"
+            "print(json.dumps({**{k: d[k] for k in ('logp_diff', 'loss_diff', 'grad_norm_rel_diff', 'moved', "
+            "'parameters')}, 'offload': {k: c[k] for k in ('identical', 'update_after_wake_finite', 'pinned_when_cuda', "
+            "'parked_mib')}}))\n")
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                          env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert res.returncode == 0, res.stderr[-3000:]
@@ -167,3 +169,6 @@ def test_megatron_and_agent_step_bodies_run_on_cpu(tmp_path):
     assert saved == "saved" and (tmp_path / "cpu.pt").stat().st_size > 10_000
     assert data["moved"] == data["parameters"] > 10
     assert data["logp_diff"] < 1e-4 and data["loss_diff"] < 1e-5 and data["grad_norm_rel_diff"] < 1e-4, data
+    offload = data["offload"]  # the colocation memory body: wake bit-identical, host buffers unpinned on CPU
+    assert offload["identical"] and offload["update_after_wake_finite"] and offload["pinned_when_cuda"], offload
+    assert offload["parked_mib"]["all"] > offload["parked_mib"]["optimizer"] > 0, offload

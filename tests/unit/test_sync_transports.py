@@ -153,6 +153,32 @@ def test_colocated_pool_releases_and_resumes_around_the_sync(tok, tmp_path):
         pool.close()
 
 
+def test_colocated_pool_leaves_the_kv_cache_to_a_caller_that_resumed_the_weights(tok, tmp_path):
+    """The colocation schedule's sync (trainer/colocation.py): weights back, push, then (after the trainer's
+    weights left the GPU) the KV cache alone; a release asks only for what is held."""
+    pool, servers = make_pool(tok, "tensor", tmp_path, n_engines=1, colocate=True)
+    try:
+        pool.release_memory()
+        pool.resume_memory(["weights"])
+        other = tiny_llama(len(tok), seed=1)
+        pool.load_weights(other.state_dict().items())
+        pool.resume_memory()  # only the KV cache is still released
+        pool.resume_memory()  # nothing left: no request
+        pool.resume_memory(["weights"])
+        pool.release_memory()
+        pool.resume_memory(["weights"])
+        pool.release_memory()  # the KV cache is still released: the weights alone
+        calls = [(p, r) for p, r in servers[0].log if p.endswith("_memory_occupation")]
+        assert calls == [("/release_memory_occupation", {}), ("/resume_memory_occupation", {"tags": ["weights"]}),
+                         ("/resume_memory_occupation", {"tags": ["kv_cache"]}), ("/release_memory_occupation", {}),
+                         ("/resume_memory_occupation", {"tags": ["weights"]}),
+                         ("/release_memory_occupation", {"tags": ["weights"]})]
+        pool.resume_memory()
+        assert pool.generate(prompts(tok), GREEDY) == HFEngine(other, tok).generate(prompts(tok), GREEDY)
+    finally:
+        pool.close()
+
+
 @pytest.mark.parametrize("kind", ["disk", "distributed"])
 def test_probe_check_after_sync_from_an_agent(tok, tmp_path, kind):
     pool, _ = make_pool(tok, kind, tmp_path, n_engines=1)
