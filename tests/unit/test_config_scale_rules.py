@@ -53,14 +53,38 @@ def test_context_parallelism_is_refused_here_naming_the_key(overrides, words):
 
 
 def test_context_parallelism_is_refused_at_build_time_too(monkeypatch):
-    """An API user who skips validation is stopped where the agent is built; on a GPU with TE the
-    message says the trainer does not split sequences yet (never a silent cp = 1)."""
+    """An API user who skips validation is stopped where the agent is built, naming the key; with
+    Transformer Engine on CUDA (here: monkeypatched) cp > 1 passes and runs."""
     require_context_parallel(1, "x")  # cp = 1: nothing to check
     with pytest.raises(ConfigError, match=r"^agent 'a': parallel\.cp=4: .*Transformer Engine"):
         require_context_parallel(4, "agent 'a': parallel.cp")
     monkeypatch.setattr("hacrl_megatron.models.provider.use_transformer_engine", lambda: True)
-    with pytest.raises(ConfigError, match=r"^agents\.0\.parallel\.cp=2: .*does not split sequences"):
-        require_context_parallel(2, "agents.0.parallel.cp")
+    require_context_parallel(2, "agents.0.parallel.cp")
+
+
+def test_context_parallelism_is_accepted_by_validation_with_transformer_engine(monkeypatch):
+    """With TE (monkeypatched) a cp = 2 agent validates: its world is tp·pp·cp·dp ranks, a token budget
+    must hold the longest sequence padded to a multiple of 2·cp, and routing replay is refused."""
+    monkeypatch.setattr("hacrl_megatron.models.provider.use_transformer_engine", lambda: True)
+    cfg = load_config("cpu_demo", ["agents.0.parallel.cp=2", "agents.0.parallel.tp=2", *RAY])
+    assert (cfg.agents[0].parallel.cp, cfg.agents[0].parallel.world_size) == (2, 4)
+    base = load_config("cpu_demo")
+    longest = base.rollout.max_prompt_len + base.rollout.max_response_len
+    response = base.rollout.max_response_len + ((1 - longest) % 4 or 4)
+    longest = base.rollout.max_prompt_len + response  # 1 more than a multiple of 2·cp = 4: padded by 3
+    cp2 = ["agents.0.parallel.cp=2", *RAY, f"rollout.max_response_len={response}"]
+    with pytest.raises(ConfigError, match=rf"^train\.max_tokens_per_microbatch={longest}: .*become {longest + 3}"):
+        load_config("cpu_demo", [*cp2, f"train.max_tokens_per_microbatch={longest}"])
+    load_config("cpu_demo", [*cp2, f"train.max_tokens_per_microbatch={longest + 3}"])
+
+
+def test_routing_replay_is_refused_with_context_parallelism(monkeypatch):
+    monkeypatch.setattr("hacrl_megatron.models.provider.use_transformer_engine", lambda: True)
+    moe = ["agents.0.model.arch=qwen3_moe", "agents.0.model.num_experts=4", "agents.0.model.moe_routing_replay=true"]
+    with pytest.raises(ConfigError) as err:
+        load_config("cpu_demo", [*moe, "agents.0.parallel.cp=2", *RAY])
+    assert str(err.value).startswith("agents.0.model.moe_routing_replay=") and "parallel.cp=2" in str(err.value)
+    load_config("cpu_demo", [*moe, *RAY])  # without cp the same agent validates
 
 
 def test_token_budget_holds_the_longest_sequence_as_the_layout_pads_it():
