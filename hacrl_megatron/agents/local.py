@@ -9,8 +9,9 @@ into micro-batches of ``train_cfg.micro_batch_size`` sequences; ``loss_fn`` retu
 loss already divided by the mini-batch's global sequence count, and gradients are **summed** over
 micro-batches and DP ranks (``calculate_per_token_loss=True`` turns off megatron's division by the
 number of micro-batches and its DP averaging; :func:`_finalize_grads` skips the token rescaling),
-so the update equals the full mini-batch gradient. Context-parallel ranks each run their chunks of every
-row and assemble the full log-probs (agents/context_parallel.py); their gradients are summed too. Then grad clipping, the LR schedule and AdamW.
+so the update equals the full mini-batch gradient. Context-parallel ranks each run their chunks of
+every row and assemble the full log-probs (agents/context_parallel.py); their gradients are summed
+too. Then grad clipping, the LR schedule and AdamW.
 """
 
 from __future__ import annotations
