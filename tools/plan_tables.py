@@ -85,7 +85,8 @@ def _nodes(spans: list[dict[str, Any]]) -> str:
 
 def _layout(a: dict[str, Any]) -> str:
     lay = a["layout"]
-    text = f"TP{lay['tp']}·PP{lay['pp']}·DP{lay['dp']}{'·SP' if lay['sequence_parallel'] else ''}"
+    cp = f"·CP{lay['cp']}" if lay.get("cp", 1) > 1 else ""
+    text = f"TP{lay['tp']}·PP{lay['pp']}{cp}·DP{lay['dp']}{'·SP' if lay['sequence_parallel'] else ''}"
     if lay["ep"] * lay["etp"] > 1:
         text += f" EP{lay['ep']}·ETP{lay['etp']}"
     return f"{text} {lay['recompute']}"

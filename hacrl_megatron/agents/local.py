@@ -9,13 +9,14 @@ into micro-batches of ``train_cfg.micro_batch_size`` sequences; ``loss_fn`` retu
 loss already divided by the mini-batch's global sequence count, and gradients are **summed** over
 micro-batches and DP ranks (``calculate_per_token_loss=True`` turns off megatron's division by the
 number of micro-batches and its DP averaging; :func:`_finalize_grads` skips the token rescaling),
-so the update equals the full mini-batch gradient. Then grad clipping, the LR schedule and AdamW.
+so the update equals the full mini-batch gradient. Context-parallel ranks each run their chunks of
+every row and assemble the full log-probs (agents/context_parallel.py); their gradients are summed
+too. Then grad clipping, the LR schedule and AdamW.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import resource
 import time
 from collections.abc import Iterator
@@ -25,6 +26,7 @@ import torch
 
 from hacrl_megatron.agents import checkpoint as ckpt
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.context_parallel import split_for_context_parallel
 from hacrl_megatron.agents.ddp import ddp_config, gather_updated_params, wire_overlap
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.lm_head import build_lm_head
@@ -37,8 +39,8 @@ from hacrl_megatron.agents.packing import (
     plan_micro_batches,
 )
 from hacrl_megatron.agents.reference import ReferenceWeights, WeightVersions, missing_reference
-from hacrl_megatron.agents.schedule import MicroBatch, plan_micro_batches_of, run_schedule
-from hacrl_megatron.config import AgentConfig, TrainConfig
+from hacrl_megatron.agents.schedule import MicroBatch, pad_rows, plan_micro_batches_of, run_schedule
+from hacrl_megatron.config import AgentConfig, ConfigError, TrainConfig
 from hacrl_megatron.config.validation_scale import require_context_parallel
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
@@ -98,12 +100,12 @@ class LocalAgent(Offloadable):
             hf_checkpoint, init_sub = init_sub, None
         require_context_parallel(par.cp, f"agent {self.name!r}: parallel.cp")  # API users skip validation
         self.spec, self.hf_config, source = agent_inputs(agent_cfg, vocab_size, hf_checkpoint, hf_config, resolved)
-        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp)
+        self.info = init_parallel(par.tp, par.pp, par.dp, seed=train_cfg.seed, ep=par.ep, etp=par.etp, cp=par.cp)
         self.sequence_parallel = par.sequence_parallel and par.tp > 1
         self.geometry = geometry_for(train_cfg.pack_sequences, par.tp, self.sequence_parallel, par.cp)
         moe = MoESettings.from_model_config(agent_cfg.model) if self.spec.is_moe else None
         model = build_gpt_model(self.spec, par.tp, par.pp, ep=par.ep, etp=par.etp,
-                                sequence_parallel=par.sequence_parallel, recompute=par.recompute, moe=moe)
+                                sequence_parallel=par.sequence_parallel, recompute=par.recompute, moe=moe, cp=par.cp)
         if source is not None:
             convert.load_hf_weights(model, self.spec, source)
         self._router_losses, self._replay = self._moe_bookkeeping(model, moe, par.tp)
@@ -120,8 +122,11 @@ class LocalAgent(Offloadable):
         """This agent's router losses and routing replay (agents/moe.py); (None, None) for dense models."""
         if moe is None:
             return None, None
+        if moe.routing_replay and self.info.cp > 1:  # API users skip validation's rule
+            raise ConfigError(f"agent {self.name!r}: model.moe_routing_replay=True: not with parallel.cp={self.info.cp}")
         group = torch.distributed.group.WORLD if self.info.world_size > 1 else None
-        losses = RouterLosses(model, moe.aux_loss_coeff, moe.z_loss_coeff, tp, group)
+        # megatron's router reduces over the tp·cp group: each rank's aux loss is a share of that group's
+        losses = RouterLosses(model, moe.aux_loss_coeff, moe.z_loss_coeff, tp * self.info.cp, group)
         replay = RoutingReplay(model, self.spec.num_experts, tp, self.sequence_parallel, self.name) \
             if moe.routing_replay else None
         return losses, replay
@@ -184,19 +189,8 @@ class LocalAgent(Offloadable):
         self._split_tokens = plan.tokens([int(ids.numel()) for ids in batch.input_ids], self.geometry)
         thd = self.geometry.packed and use_transformer_engine()
         micro = plan_micro_batches_of(batch, plan, self.info.dp_rank, self.geometry, self._device(), thd)
-        return [self._pad_rows(mb) for mb in micro] if self.geometry.row_multiple > 1 else micro
-
-    def _pad_rows(self, mb: MicroBatch) -> MicroBatch:
-        """Sequence (and context) parallelism split each row: pad a padded row's T to a multiple of
-        ``geometry.row_multiple`` (right padding after every real token changes no real token's output,
-        agents/schedule.py). Packed rows are built to that length already."""
-        b, t = mb.tokens.shape
-        pad = -t % self.geometry.row_multiple
-        if not pad or mb.attention_mask is not None or mb.packed_seq_params is not None:
-            return mb
-        tokens = torch.cat([mb.tokens, mb.tokens.new_zeros(b, pad)], dim=1)
-        return dataclasses.replace(mb, tokens=tokens, position_ids=torch.arange(t + pad, device=tokens.device)
-                                   .unsqueeze(0).expand(b, -1).contiguous())
+        micro = [pad_rows(mb, self.geometry.row_multiple) for mb in micro]
+        return split_for_context_parallel(micro, self.info.cp, self.info.cp_rank)  # as is at cp = 1
 
     def _micro_layout(self, batch: SequenceBatch, dp_rank: int) -> list[MicroLayout]:
         """Per micro-batch of DP rank ``dp_rank``, as :meth:`_split` forms them: where its sequences sit."""
@@ -212,17 +206,18 @@ class LocalAgent(Offloadable):
         return next(self.module.parameters()).device
 
     def _reports(self) -> bool:
-        """This rank contributes results (last pipeline stage, TP rank 0; one per DP replica)."""
+        """This rank contributes results (last pipeline stage, TP rank 0, CP rank 0: every CP rank holds
+        the same assembled log-probs; one per DP replica)."""
         from megatron.core import parallel_state as mpu
 
-        return mpu.is_pipeline_last_stage() and self.info.tp_rank == 0
+        return mpu.is_pipeline_last_stage() and self.info.tp_rank == 0 and self.info.cp_rank == 0
 
     # ----------------------------------------------------------------------------------------
     @torch.no_grad()
     def token_logprobs(self, batch: SequenceBatch, temperature: float = 1.0) -> LogProbOutput:
         """No-grad per-token log π of the response tokens, packed (:class:`LogProbOutput`), on every rank.
 
-        Each DP replica's last stage (TP rank 0) fills its slice of the sequences; one all-reduce
+        Each DP replica's last stage (TP and CP rank 0) fills its slice of the sequences; one all-reduce
         over the agent's world assembles the batch on every rank. A batch smaller than DP (the
         post-sync probe is one sequence) is padded with copies of its last sequence: every replica
         runs a forward (expert parallelism's all-to-all needs all of them).

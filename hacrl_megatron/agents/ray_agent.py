@@ -1,7 +1,7 @@
 """``RayAgent``: an :class:`~hacrl_megatron.agents.handle.AgentHandle` whose ranks are Ray actors.
 
-One agent is one Megatron world (docs/architecture.md): the agent's TP×PP×DP ranks are
-``tp*pp*dp`` Ray actors in one placement group (one bundle per rank: 1 CPU, plus 1 GPU on GPU
+One agent is one Megatron world (docs/architecture.md): the agent's TP×PP×CP×DP ranks are
+``tp*pp*cp*dp`` Ray actors in one placement group (one bundle per rank: 1 CPU, plus 1 GPU on GPU
 clusters; STRICT_PACK when the group fits one node so TP stays on NVLink, else PACK). Each actor joins its own
 ``torch.distributed`` world (gloo on CPU, nccl on GPU; the rendezvous port is picked on rank 0's
 node) and builds a :class:`~hacrl_megatron.agents.local.LocalAgent` in it. Two agents with
@@ -109,7 +109,7 @@ class RayExport(Iterator[tuple[str, torch.Tensor]]):
 
 
 class RayAgent:
-    """One Megatron agent whose ``tp*pp*dp`` ranks are Ray actors (see module docstring).
+    """One Megatron agent whose ``tp*pp*cp*dp`` ranks are Ray actors (see module docstring).
 
     Args mirror :class:`~hacrl_megatron.agents.local.LocalAgent` (``agent_cfg``, ``train_cfg``,
     ``vocab_size``, ``hf_checkpoint`` (an HF directory on a shared filesystem, or an HF-named state
@@ -145,7 +145,7 @@ class RayAgent:
         ray = ensure_ray()
         self.name = agent_cfg.name
         p = agent_cfg.parallel
-        self.layout = (p.tp, p.pp, p.dp)
+        self.layout = (p.tp, p.pp, p.cp, p.dp)  # (tp, pp, cp, dp): the world is their product
         self.world_size = agent_cfg.parallel.world_size
         self.call_timeout_s = call_timeout_s
         self.bucket_bytes = int(bucket_bytes)

@@ -1,6 +1,6 @@
 """Where a :class:`~hacrl_megatron.agents.ray_agent.RayAgent`'s ranks run: Ray, placement groups, rank order.
 
-One agent is one Megatron world (docs/architecture.md): the agent's ``tp*pp*dp`` ranks are Ray
+One agent is one Megatron world (docs/architecture.md): the agent's ``tp*pp*cp*dp`` ranks are Ray
 actors in one placement group, one bundle per rank (1 CPU, plus 1 GPU on GPU clusters);
 STRICT_PACK when the group fits one node so that TP stays on NVLink, else PACK. Ranks of one node are numbered
 contiguously so that TP groups stay intra-node, and every rank gets the ``torch.distributed``
@@ -96,9 +96,10 @@ def _node_address_on_loopback() -> None:
 
 
 def describe(agent_cfg: AgentConfig) -> str:
-    """``agent 'a' (tp=2, pp=1, dp=1: 2 ranks)``, for error messages."""
+    """``agent 'a' (tp=2, pp=1, dp=1: 2 ranks)`` (``cp=`` too when it is > 1), for error messages."""
     p = agent_cfg.parallel
-    return f"agent {agent_cfg.name!r} (tp={p.tp}, pp={p.pp}, dp={p.dp}: {p.world_size} ranks)"
+    cp = f", cp={p.cp}" if p.cp > 1 else ""
+    return f"agent {agent_cfg.name!r} (tp={p.tp}, pp={p.pp}{cp}, dp={p.dp}: {p.world_size} ranks)"
 
 
 def rank_bundle(use_gpu: bool, cpus_per_rank: int) -> dict[str, float]:

@@ -13,7 +13,8 @@ Two row layouts (docs/scaling.md):
   gathered at each token's own position (:func:`rope_at_positions`).
 
 Which sequences form a micro-batch: ``train.micro_batch_size`` consecutive ones, or a token budget
-(``train.max_tokens_per_microbatch``, :mod:`hacrl_megatron.agents.packing`).
+(``train.max_tokens_per_microbatch``, :mod:`hacrl_megatron.agents.packing`). Under context parallelism
+each rank runs its chunks of every row (:mod:`hacrl_megatron.agents.context_parallel`).
 Log-probs from the last stage's output: :mod:`hacrl_megatron.agents.lm_head`.
 """
 
@@ -28,7 +29,8 @@ from typing import Any
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, SequenceBatch
-from hacrl_megatron.agents.lm_head import LMHead, response_logprobs
+from hacrl_megatron.agents.context_parallel import micro_batch_logprobs
+from hacrl_megatron.agents.lm_head import LMHead
 from hacrl_megatron.agents.packing import Geometry, MicroBatchPlan, round_up
 from hacrl_megatron.algo.inputs import LossInputs
 
@@ -51,6 +53,10 @@ class MicroBatch:
     packed_seq_params: packed rows through Transformer Engine (GPU): megatron's ``PackedSeqParams``
         (THD, cu_seqlens of the row's sequences); None otherwise.
     real_tokens: the sequences' own tokens (the rest of ``tokens`` is padding).
+    context_parallel: under context parallelism, how the rows were split
+        (``agents.context_parallel.ContextParallelSplit``): ``tokens`` and ``position_ids`` are then this
+        rank's ``[B, T/cp]`` chunks, while rows/cols/targets/cu_seqlens/seq_len still describe the full
+        rows (the log-probs every CP rank assembles); None otherwise.
     """
 
     tokens: torch.Tensor
@@ -66,10 +72,16 @@ class MicroBatch:
     attention_mask: torch.Tensor | None = None
     packed_seq_params: Any = None
     real_tokens: int = 0
+    context_parallel: Any = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.tokens.numel())
+
+    @property
+    def row_len(self) -> int:
+        """T of the full rows (before a context-parallel split): the sequence length megatron's schedule expects."""
+        return self.tokens.shape[1] if self.context_parallel is None else self.context_parallel.row_len
 
 
 def make_micro_batch(batch: SequenceBatch, device: torch.device | str = "cpu",
@@ -182,6 +194,19 @@ def plan_micro_batches_of(batch: SequenceBatch, plan: MicroBatchPlan, rank: int,
     return out
 
 
+def pad_rows(mb: MicroBatch, multiple: int) -> MicroBatch:
+    """Sequence (and context) parallelism split each row: a right-padded row's T padded to a multiple of
+    ``multiple`` (``Geometry.row_multiple``; right padding after every real token changes no real token's
+    output, module docstring). Packed rows are built to that length already: returned as they are."""
+    b, t = mb.tokens.shape
+    pad = -t % multiple
+    if not pad or mb.attention_mask is not None or mb.packed_seq_params is not None:
+        return mb
+    tokens = torch.cat([mb.tokens, mb.tokens.new_zeros(b, pad)], dim=1)
+    return dataclasses.replace(mb, tokens=tokens, position_ids=torch.arange(t + pad, device=tokens.device)
+                               .unsqueeze(0).expand(b, -1).contiguous())
+
+
 @contextlib.contextmanager
 def rope_at_positions(model: torch.nn.Module, position_ids: torch.Tensor | None) -> Iterator[None]:
     """Inside the block, ``model``'s rotary embedding gives each token the frequencies of its own
@@ -236,7 +261,7 @@ def run_schedule(
             output = chunk(mb.tokens, mb.position_ids, mb.attention_mask, **extra)
 
         def loss_func(output_tensor: torch.Tensor):  # noqa: ANN202
-            loss = on_logprobs(response_logprobs(output_tensor, mb, temperature, head), mb)
+            loss = on_logprobs(micro_batch_logprobs(output_tensor, mb, temperature, head), mb)
             return loss, torch.tensor(mb.seq_len.numel(), dtype=torch.int), {}
 
         return output, loss_func
@@ -246,7 +271,7 @@ def run_schedule(
         data_iterator=iter(micro_batches),
         model=[model],
         num_microbatches=len(micro_batches),
-        seq_length=max(mb.tokens.shape[1] for mb in micro_batches),
+        seq_length=max(mb.row_len for mb in micro_batches),
         micro_batch_size=max(mb.tokens.shape[0] for mb in micro_batches),
         forward_only=forward_only,
     )

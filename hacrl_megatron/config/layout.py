@@ -7,9 +7,11 @@ stages also hold the embedding and the LM head, so they are the ones to lighten.
 megatron-core's ``num_layers_in_first_pipeline_stage`` / ``num_layers_in_last_pipeline_stage``
 (Qwen3-235B-A22B's 94 layers over 4 stages: 23 / 24 / 24 / 23).
 
-Expert layout (megatron-core): experts live on the same ``tp·dp`` ranks of a pipeline stage as
-attention, regrouped as ``etp`` (expert tensor parallel) × ``ep`` (expert parallel) × expert data
-parallel, so ``ep·etp`` must divide ``tp·dp`` and the expert-data-parallel size is their quotient.
+Expert layout (megatron-core): experts live on the same ``tp·cp·dp`` ranks of a pipeline stage as
+attention (context parallelism ``cp`` folds into the experts' data parallelism: a token is routed on
+whichever rank holds it), regrouped as ``etp`` (expert tensor parallel) × ``ep`` (expert parallel) ×
+expert data parallel, so ``ep·etp`` must divide ``tp·cp·dp`` and the expert-data-parallel size is
+their quotient.
 """
 
 from __future__ import annotations
@@ -53,14 +55,15 @@ def layer_offset(num_layers: int, pp: int, pp_rank: int) -> int:
     return sum(pipeline_layers(num_layers, pp)[:pp_rank])
 
 
-def expert_data_parallel(tp: int, dp: int, ep: int, etp: int) -> int:
-    """Expert-data-parallel size ``tp·dp / (ep·etp)`` (raises :class:`LayoutError` when it is no integer)."""
-    if min(tp, dp, ep, etp) < 1:
-        raise LayoutError(f"tp={tp}, dp={dp}, ep={ep}, etp={etp}: sizes must be >= 1")
-    if (tp * dp) % (ep * etp):
-        raise LayoutError(f"ep·etp = {ep}·{etp} must divide tp·dp = {tp}·{dp}: experts are laid out over the same "
+def expert_data_parallel(tp: int, dp: int, ep: int, etp: int, cp: int = 1) -> int:
+    """Expert-data-parallel size ``tp·cp·dp / (ep·etp)`` (raises :class:`LayoutError` when it is no integer)."""
+    if min(tp, dp, ep, etp, cp) < 1:
+        raise LayoutError(f"tp={tp}, cp={cp}, dp={dp}, ep={ep}, etp={etp}: sizes must be >= 1")
+    if (tp * cp * dp) % (ep * etp):
+        ranks = f"tp·dp = {tp}·{dp}" if cp == 1 else f"tp·cp·dp = {tp}·{cp}·{dp}"
+        raise LayoutError(f"ep·etp = {ep}·{etp} must divide {ranks}: experts are laid out over the same "
                           "ranks as attention's tensor and data parallelism")
-    return tp * dp // (ep * etp)
+    return tp * cp * dp // (ep * etp)
 
 
 # ---- rows of a micro-batch (agents/packing.py plans them; the config rules check the budget) ----

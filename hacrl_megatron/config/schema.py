@@ -46,7 +46,7 @@ class ConfigError(InputError):
 
 @dataclass
 class ParallelConfig:
-    """Megatron layout of one agent (its own world of tp*pp*dp ranks)."""
+    """Megatron layout of one agent (its own world of tp*pp*cp*dp ranks)."""
 
     tp: int = 1  # tensor-parallel size; must divide attention heads and KV heads
     pp: int = 1  # pipeline-parallel size; must divide the number of layers
@@ -56,10 +56,10 @@ class ParallelConfig:
     recompute: str = "none"  # activation recompute: none | selective (attention core) | full (each layer);
     # Korthikanti et al. 2022; `hacrl plan` shows the memory of each (docs/planner.md)
     ep: int = 1  # expert-parallel size (MoE models): each rank holds num_experts / ep experts; the experts use
-    # the same tp·dp ranks as attention, so ep·etp must divide tp·dp (the world stays tp·pp·dp ranks)
+    # the same tp·cp·dp ranks as attention, so ep·etp must divide tp·cp·dp (the world stays tp·pp·cp·dp ranks)
     etp: int = 1  # expert tensor-parallel size: each expert's FFN split over etp ranks (must divide its width)
-    cp: int = 1  # context-parallel size (each sequence split over cp ranks in Transformer Engine's attention):
-    # validated, then refused above 1 until the trainer splits sequences over cp ranks (docs/scaling.md)
+    cp: int = 1  # context-parallel size: each row split over cp ranks (2·cp load-balanced chunks), attention by
+    # Transformer Engine's ring exchange of keys and values; GPU only, refused without TE (docs/scaling.md)
     overlap_grad_reduce: bool = False  # reduce each gradient bucket while the backward pass goes on (megatron DDP)
     overlap_param_gather: bool = False  # distributed optimizer: gather updated parameters bucket by bucket during
     # the next forward (needs use_distributed_optimizer and overlap_grad_reduce)
@@ -67,13 +67,15 @@ class ParallelConfig:
 
     @property
     def world_size(self) -> int:
-        """Ranks of the agent's own world: tp · pp · dp (experts reuse these ranks: ep · etp divides tp · dp)."""
-        return self.tp * self.pp * self.dp
+        """Ranks of the agent's own world: tp · pp · cp · dp (experts reuse these ranks: ep · etp divides
+        tp · cp · dp)."""
+        return self.tp * self.pp * self.cp * self.dp
 
     @property
     def expert_dp(self) -> int:
-        """Expert-data-parallel size tp · dp / (ep · etp): replicas of each expert shard (its optimizer shards)."""
-        return self.tp * self.dp // (self.ep * self.etp)
+        """Expert-data-parallel size tp · cp · dp / (ep · etp): replicas of each expert shard (its optimizer
+        shards)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
 
 
 @dataclass
@@ -118,8 +120,8 @@ class AgentConfig:
 
     name: str = "agent"
     backend: str = "megatron"  # megatron (megatron-core GPTModel) | hf (plain transformers + AdamW)
-    workers: str = "auto"  # auto: ray when tp·pp·dp > 1 else local | local: in the controller process |
-    # ray: its tp·pp·dp ranks as Ray actors in their own world (clusters; mixed layouts)
+    workers: str = "auto"  # auto: ray when tp·pp·cp·dp > 1 else local | local: in the controller process |
+    # ray: its tp·pp·cp·dp ranks as Ray actors in their own world (clusters; mixed layouts)
     model: ModelConfig = field(default_factory=ModelConfig)
     tokenizer: str = "char"  # built-in: char | pair (trained BPE), smollm2, or a tokenizer directory
     prompt_template: str = "auto"  # auto (chat template if the tokenizer has one) | chat | plain | "...{question}..."

@@ -129,7 +129,7 @@ def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
     m, p = agent_cfg.model, agent_cfg.parallel
     moe = m.arch in MOE_ARCHS
     try:
-        expert_data_parallel(p.tp, p.dp, p.ep, p.etp)
+        expert_data_parallel(p.tp, p.dp, p.ep, p.etp, max(p.cp, 1))
     except LayoutError as err:
         raise ConfigError(f"{path}.parallel.ep={p.ep!r}: {err}") from None
     _rule(moe or (p.ep, p.etp) == (1, 1), f"{path}.parallel.ep", (p.ep, p.etp),

@@ -39,10 +39,12 @@ def validate_data_parallel_overlap(agent_cfg: AgentConfig, path: str) -> None:
 
 
 def validate_context_parallel(agent_cfg: AgentConfig, path: str) -> None:
-    """``parallel.cp``: each sequence split over cp ranks inside Transformer Engine's attention
-    (megatron-core's ring exchange of keys and values, 'p2p': every rank keeps all heads of its chunk,
-    so the heads need to divide by tp only). Megatron agents with their own world only; then refused by
-    :func:`require_context_parallel` until the trainer splits sequences over context-parallel ranks."""
+    """``parallel.cp``: each row split over cp ranks, attention inside Transformer Engine (megatron-core's
+    ring exchange of keys and values, 'p2p': every rank keeps all heads of its chunk, so the heads need
+    to divide by tp only; agents/context_parallel.py). Megatron agents with their own world of
+    tp·pp·cp·dp ranks; MoE routing replay keeps its routes per full row and is refused with it. Whether
+    the machine has Transformer Engine is checked where the ranks are built (:func:`require_context_parallel`),
+    not here: a login node without GPUs validates configurations for the cluster."""
     p = agent_cfg.parallel
     _rule(p.cp >= 1, f"{path}.parallel.cp", p.cp, "must be >= 1")
     if p.cp == 1:
@@ -51,7 +53,9 @@ def validate_context_parallel(agent_cfg: AgentConfig, path: str) -> None:
           "context parallelism runs in megatron-core's attention: needs backend: megatron")
     _rule(agent_cfg.workers != "local", f"{path}.parallel.cp", p.cp,
           f"an agent with cp={p.cp} needs its own world of tp·pp·cp·dp ranks: set workers: ray or auto")
-    require_context_parallel(p.cp, f"{path}.parallel.cp")
+    _rule(not agent_cfg.model.moe_routing_replay, f"{path}.model.moe_routing_replay", True,
+          f"routing replay records each sequence's experts over its whole row; with parallel.cp={p.cp} every rank "
+          "routes only its chunks of the row: set it to false (or cp: 1)")
 
 
 def validate_row_geometry(cfg: ExperimentConfig) -> None:
@@ -75,15 +79,11 @@ def validate_row_geometry(cfg: ExperimentConfig) -> None:
 
 
 def require_context_parallel(cp: int, field: str) -> None:
-    """Refuse ``cp > 1`` where the agent is built: context parallelism splits a sequence's attention over
-    ranks inside Transformer Engine's attention (CUDA), which megatron-core's local attention (the CPU
-    layer spec) does not do; and the trainer does not split its batches over context-parallel ranks yet
-    (docs/scaling.md), so on a GPU it is refused too rather than silently run as cp = 1. ``field``
-    names the key in the message."""
-    if cp <= 1:
-        return
-    if not transformer_engine_available():
+    """Refuse ``cp > 1`` on a machine without Transformer Engine on CUDA: context parallelism splits
+    attention over ranks inside TE's attention (the ring exchange of keys and values); megatron-core's
+    local attention (the CPU layer spec) asserts cp = 1. Called where the agent's ranks are built (the
+    trainer for in-process agents, each rank for Ray agents), never by the configuration rules, which a
+    login node without GPUs checks for a cluster. ``field`` names the key in the one-line message."""
+    if cp > 1 and not transformer_engine_available():
         raise ConfigError(f"{field}={cp}: context parallelism needs Transformer Engine's attention on a CUDA GPU, "
                           "and this machine has no CUDA device or no transformer_engine: set it to 1 here")
-    raise ConfigError(f"{field}={cp}: context parallelism is validated but the trainer does not split sequences "
-                      "over context-parallel ranks yet (docs/scaling.md): set it to 1")

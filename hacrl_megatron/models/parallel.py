@@ -63,9 +63,11 @@ class ParallelInfo:
     dp_rank: int
     world_size: int
     rank: int
-    ep: int = 1  # expert-parallel size (experts laid out over the tp·dp ranks of a stage)
+    ep: int = 1  # expert-parallel size (experts laid out over the tp·cp·dp ranks of a stage)
     etp: int = 1  # expert tensor-parallel size
     ep_rank: int = 0
+    cp: int = 1  # context-parallel size: each row split over cp ranks (agents/context_parallel.py)
+    cp_rank: int = 0
 
 
 logger = logging.getLogger(__name__)
@@ -244,17 +246,19 @@ def require_megatron() -> None:
 
 
 def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = None, seed: int = 0,
-                  ep: int = 1, etp: int = 1) -> ParallelInfo:
+                  ep: int = 1, etp: int = 1, cp: int = 1) -> ParallelInfo:
     """Initialise torch.distributed and megatron's parallel state with explicit sizes.
 
+    ``cp``: context-parallel size (megatron's ``context_parallel_size``; its ranks are adjacent after
+    TP's in megatron's "tp-cp-ep-dp-pp" order); the world is ``tp·pp·cp·dp`` ranks.
     ``ep``/``etp``: expert-parallel and expert tensor-parallel sizes of an MoE agent; the experts use
-    the same ``tp·dp`` ranks of each stage as attention (``ep·etp`` must divide ``tp·dp``), so the
-    world stays ``tp·pp·dp`` ranks.
+    the same ``tp·cp·dp`` ranks of each stage as attention (``ep·etp`` must divide ``tp·cp·dp``), so the
+    world stays ``tp·pp·cp·dp`` ranks.
 
     ``backend``: "gloo" (CPU) or "nccl" (GPU); default: nccl when CUDA is available.
     ``seed``: megatron's ``model_parallel_cuda_manual_seed`` (TP-rank-dependent dropout RNG); on CPU
     this also reseeds the default CPU generator (the compat layer maps the CUDA RNG onto it).
-    Raises :class:`ParallelStateError` when the world size is not ``tp * pp * dp`` or megatron was
+    Raises :class:`ParallelStateError` when the world size is not ``tp * pp * cp * dp`` or megatron was
     already initialised with other sizes.
     """
     require_megatron()
@@ -273,27 +277,31 @@ def init_parallel(tp: int = 1, pp: int = 1, dp: int = 1, backend: str | None = N
         _init_process_group(backend)
         atexit.register(_close_world_at_exit)  # once per world: a no-op when shutdown_parallel ran first
     world = dist.get_world_size()
-    if world != tp * pp * dp:
+    if world != tp * pp * cp * dp:
         raise ParallelStateError(
-            f"world size {world} != tp*pp*dp = {tp}*{pp}*{dp}; an agent with tp/pp/dp > 1 must be launched in its "
-            "own world (torchrun / mp.spawn with that many processes)"
+            f"world size {world} != tp*pp*cp*dp = {tp}*{pp}*{cp}*{dp}; an agent with tp/pp/cp/dp > 1 must be launched "
+            "in its own world (torchrun / mp.spawn with that many processes)"
         )
     try:
-        expert_data_parallel(tp, dp, ep, etp)
+        expert_data_parallel(tp, dp, ep, etp, cp)
     except LayoutError as err:
         raise ParallelStateError(str(err)) from None
     if mpu.model_parallel_is_initialized():
         have = (mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size(),
                 mpu.get_data_parallel_world_size(), mpu.get_expert_model_parallel_world_size(),
-                mpu.get_expert_tensor_parallel_world_size())
-        if have != (tp, pp, dp, ep, etp):
+                mpu.get_expert_tensor_parallel_world_size(), mpu.get_context_parallel_world_size())
+        if have != (tp, pp, dp, ep, etp, cp):
             raise ParallelStateError(
-                f"megatron parallel state already initialised with tp, pp, dp, ep, etp = {have}; this process cannot "
-                f"also host an agent with {(tp, pp, dp, ep, etp)} (one Megatron layout per process)"
+                f"megatron parallel state already initialised with tp, pp, dp, ep, etp, cp = {have}; this process "
+                f"cannot also host an agent with {(tp, pp, dp, ep, etp, cp)} (one Megatron layout per process)"
             )
     else:
         mpu.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp,
-                                      expert_model_parallel_size=ep, expert_tensor_parallel_size=etp)
+                                      context_parallel_size=cp, expert_model_parallel_size=ep,
+                                      expert_tensor_parallel_size=etp)
+    if mpu.get_context_parallel_world_size() != cp:  # megatron builds the groups it was asked for: say so if not
+        raise ParallelStateError(f"megatron's context-parallel group has {mpu.get_context_parallel_world_size()} "
+                                 f"ranks, the agent asked for cp={cp}")
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return parallel_info()
 
@@ -315,6 +323,8 @@ def parallel_info() -> ParallelInfo:
         ep=mpu.get_expert_model_parallel_world_size(),
         etp=mpu.get_expert_tensor_parallel_world_size(),
         ep_rank=mpu.get_expert_model_parallel_rank(),
+        cp=mpu.get_context_parallel_world_size(),
+        cp_rank=mpu.get_context_parallel_rank(),
     )
 
 

@@ -330,9 +330,11 @@ def moe_grouped_gemm(spec: ArchSpec, te: bool) -> bool:
 
 def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parallel: bool = False,
                        recompute: str = "none", ep: int = 1, etp: int = 1, moe: MoESettings | None = None,
-                       grouped_gemm: bool | None = None) -> Any:
+                       grouped_gemm: bool | None = None, cp: int = 1) -> Any:
     """megatron-core ``TransformerConfig`` for ``spec`` at tensor/pipeline sizes ``tp``/``pp`` (and the
     expert layout ``ep``/``etp`` with the training-side ``moe`` settings for MoE models).
+    ``cp``: context-parallel size, attention by Transformer Engine's ring exchange of keys and values
+    (``cp_comm_type="p2p"``: every rank keeps all heads, no head-count rule beyond tp's).
     ``grouped_gemm``: :func:`moe_grouped_gemm` of the layer spec the model is built with (default:
     the spec :func:`layer_spec` picks here)."""
     import torch.nn.functional as F
@@ -383,6 +385,8 @@ def transformer_config(spec: ArchSpec, tp: int = 1, pp: int = 1, sequence_parall
         moe_token_dispatcher_type="alltoall",  # mcore's check for variable_seq_lengths (also for dense models)
         num_layers_in_first_pipeline_stage=first,
         num_layers_in_last_pipeline_stage=last,
+        context_parallel_size=cp,
+        cp_comm_type="p2p" if cp > 1 else None,
         **recompute_kwargs(recompute),
         **moe_transformer_kwargs(spec, ep, etp, moe, grouped_gemm),
     )
@@ -422,6 +426,7 @@ def build_gpt_model(
     moe: MoESettings | None = None,
     meta_rank: tuple[int, int] | None = None,
     meta_dp: int | None = None,
+    cp: int = 1,
 ) -> Any:
     """The ``GPTModel`` of this rank's pipeline stage (needs :func:`init_parallel` first).
 
@@ -431,6 +436,11 @@ def build_gpt_model(
     ``init_weights=False`` skips megatron's random initialisation, for callers that load every
     parameter next (conversion): on CPU it would first build each weight at full, unsharded size in
     fp32 (``_initialize_affine_weight_cpu``), the peak of a 70B conversion.
+
+    ``cp``: context-parallel size (the parallel state's, :func:`~hacrl_megatron.models.parallel.init_parallel`);
+    > 1 needs the Transformer Engine layer spec (raises :class:`ParallelLayoutError` otherwise). The model
+    then takes this rank's chunks of each row (agents/context_parallel.py) and megatron's RoPE gives them
+    their global positions.
 
     ``meta_rank=(tp_rank, pp_rank)`` builds that rank of a ``tp`` × ``pp`` (× ``ep`` × ``etp``) layout on
     the ``meta`` device instead: no world, no :func:`init_parallel`, no parameter memory (shapes only;
@@ -446,8 +456,10 @@ def build_gpt_model(
     from hacrl_megatron.models import meta
 
     use_te = (te if te is not None else use_transformer_engine()) and meta_rank is None
+    if cp > 1 and not use_te:  # megatron's local DotProductAttention asserts cp == 1
+        raise ParallelLayoutError(f"cp={cp}: context parallelism needs Transformer Engine's layer spec (CUDA)")
     config = transformer_config(spec, tp, pp, sequence_parallel, recompute, ep, etp, moe,
-                                grouped_gemm=moe_grouped_gemm(spec, use_te))  # as layer_spec below
+                                grouped_gemm=moe_grouped_gemm(spec, use_te), cp=cp)  # as layer_spec below
     config.perform_initialization = init_weights
     kwargs: dict[str, Any] = {}
     if spec.rope_scaling_factor is not None:

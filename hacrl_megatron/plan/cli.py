@@ -1,7 +1,7 @@
 """``hacrl plan``: will this layout fit, what does a step cost, how do the agents share the cluster.
 
     hacrl plan --preset P [overrides] --nodes N --gpus-per-node G --gpu-memory-gib M [--gpu h100] [--json]
-    hacrl plan --model DIR_OR_CONFIG_JSON --tp T --pp P --dp D --gpu-memory-gib M [--recompute full]
+    hacrl plan --model DIR_OR_CONFIG_JSON --tp T --pp P --dp D [--cp C] --gpu-memory-gib M [--recompute full]
                [--no-dist-opt] [--rollout-mem-fraction F] [--json]
     either: [--logprob-impl auto|reference|triton|megatron] (the trainers' log-prob path, default auto)
 
@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     m.add_argument("--tp", type=int, help="tensor-parallel size")
     m.add_argument("--pp", type=int, help="pipeline-parallel size")
     m.add_argument("--dp", type=int, help="data-parallel size")
-    m.add_argument("--ep", type=int, default=1, help="MoE: expert-parallel size (ep·etp must divide tp·dp)")
+    m.add_argument("--cp", type=int, default=1, help="context-parallel size: each sequence split over cp ranks "
+                   "(Transformer Engine's ring attention; GPUs = tp·pp·cp·dp; default 1)")
+    m.add_argument("--ep", type=int, default=1, help="MoE: expert-parallel size (ep·etp must divide tp·cp·dp)")
     m.add_argument("--etp", type=int, default=None, help="MoE: expert tensor-parallel size (default: tp when "
                    "--ep is 1, else 1)")
     m.add_argument("--recompute", choices=("none", "selective", "full"), default="full",
@@ -145,10 +147,11 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
     from hacrl_megatron.plan.search import AgentWork, Rollout, evaluate
     from hacrl_megatron.plan.timing import Assumptions, Tokens
 
-    for name in ("tp", "pp", "dp"):
-        value = getattr(args, name)
+    for name in ("tp", "pp", "dp", "cp"):
+        value = getattr(args, name, 1)  # cp: 1 for a Namespace built without it (tools, tests)
         if value is None or value < 1:
             raise _BadInput(f"--model needs --{name} >= 1 (got {value})")
+    cp = getattr(args, "cp", 1)
     if args.overrides:
         raise _BadInput(f"overrides {args.overrides} need --preset (--model takes a layout, not a config)")
     for name, least in (("seq_len", 4), ("micro_batch_size", 1), ("global_batch", 1), ("engine_tp", 1)):
@@ -173,7 +176,7 @@ def _model(args: argparse.Namespace) -> dict[str, Any]:
         raise _BadInput(f"model {name!r}: --ep/--etp need a Mixture-of-Experts model, {spec.arch} is dense")
     try:
         layout = Layout(args.tp, args.pp, args.dp, args.sequence_parallel, args.recompute, not args.no_dist_opt,
-                        args.grad_dtype, ep=ep, etp=etp)
+                        args.grad_dtype, ep=ep, etp=etp, cp=cp)
     except ValueError as err:
         raise _BadInput(f"model {name!r}: {err}") from None
     micro = max(1, args.global_batch // args.micro_batch_size)

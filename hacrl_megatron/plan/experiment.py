@@ -159,7 +159,7 @@ def agent_works(cfg: ExperimentConfig, logprob_impl: str = "auto") -> tuple[list
         micro = max(1, tokens.trained_sequences // (t.mini_batches * t.micro_batch_size))
         work = Workload(seq_len=r.max_prompt_len + r.max_response_len, micro_batch=t.micro_batch_size,
                         microbatches=micro, logprob_impl=logprob_impl)
-        works.append(AgentWork(agent.name, spec, work, tokens, agent.model.moe_routing_replay))
+        works.append(AgentWork(agent.name, spec, work, tokens, agent.model.moe_routing_replay, agent.parallel.cp))
         sources.append(f"{agent.name}: {source}")
     return works, sources
 
@@ -351,7 +351,8 @@ def _best(a: AgentWork, gpus: int, cluster: Cluster, choice: Rollout | None, ass
         return best_for_agent(a, gpus, cluster, choice, assumptions, engine_gpus)
     from hacrl_megatron.plan.search import layouts
 
-    cands = [evaluate(a, lay, cluster, None, gpus=gpus) for lay in layouts(a.spec, gpus, cluster, a.routing_replay)]
+    cands = [evaluate(a, lay, cluster, None, gpus=gpus)
+             for lay in layouts(a.spec, gpus, cluster, a.routing_replay, a.cp)]
     fits = [p for p in cands if p.fits]
     key = lambda p: (p.seconds, p.peak.total)  # noqa: E731
     return (min(fits, key=key) if fits else None), (min(cands, key=lambda p: shortfall(p, cluster)) if cands else None)
@@ -391,7 +392,8 @@ def _no_fit(a: AgentWork, gpus: int, cluster: Cluster, near: AgentPlan | None) -
         return f"agent {a.name!r}: no layout divides its model on {where} (tp within a node must divide the heads)"
     lay = near.layout
     why = "; ".join(r.split(": ", 1)[1] for r in near.reasons) or "does not fit"
-    return (f"agent {a.name!r}: no layout fits on {where} (cluster too small); closest tp={lay.tp} pp={lay.pp} "
+    cp = f" cp={lay.cp}" if lay.cp > 1 else ""
+    return (f"agent {a.name!r}: no layout fits on {where} (cluster too small); closest tp={lay.tp} pp={lay.pp}{cp} "
             f"dp={lay.dp} recompute={lay.recompute}: {why}")
 
 
@@ -409,6 +411,8 @@ def _overrides(cfg: ExperimentConfig, plans: list[AgentPlan], choice: Rollout | 
                 f"agents.{i}.parallel.recompute={lay.recompute}"]
         if p.spec.is_moe:
             out += [f"agents.{i}.parallel.ep={lay.ep}", f"agents.{i}.parallel.etp={lay.etp}"]
+        if lay.cp > 1:
+            out.append(f"agents.{i}.parallel.cp={lay.cp}")
         if agent.workers == "local" and lay.gpus > 1:
             out.append(f"agents.{i}.workers=auto")
         if choice is not None:

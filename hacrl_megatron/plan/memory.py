@@ -5,7 +5,9 @@ gradients 4 B/param (our DDP reduces gradients in fp32), fp32 master weights + A
 12 B/param; 18 B/param in all, or ``6 + 12/DP`` when the distributed optimizer shards the 12 over
 the data-parallel ranks. fp32 models (the CPU demo) have no master copy: 4 + 4 + 8/DP. An MoE
 model's routed experts are sharded by the distributed optimizer over the expert-data-parallel group
-instead, ``EDP = tp·dp / (ep·etp)`` ranks (each expert shard has that many replicas).
+instead, ``EDP = tp·cp·dp / (ep·etp)`` ranks (each expert shard has that many replicas). Context
+parallelism (``cp``) replicates the weights like data parallelism: megatron-core's DDP and distributed
+optimizer work over the dp × cp group, so the optimizer state is sharded over ``dp·cp`` ranks.
 
 Activations: Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4 and Table 2, with the layer's
 tensors counted for its real shapes (SwiGLU, grouped-query attention, no dropout) by the same
@@ -15,6 +17,9 @@ of ``p`` keeps ``min(p − i, micro-batches)`` micro-batches in flight (Sec. 4.2
 holds ``p``). MoE layers keep, per token, the ``k`` routed copies of the expert input and the
 experts' inner tensors at width ``k·f_e / etp`` (balanced routing: each expert-parallel rank
 receives as many token copies as it sends), plus the router's fp32 probabilities ``4·E`` bytes.
+Under context parallelism every rank holds ``s/cp`` tokens of each row (agents/context_parallel.py), so
+every per-token term is counted at ``s/cp`` (``s`` padded to a multiple of 2·cp); the ring's in-flight key/value blocks (two chunks of
+``s/cp`` tokens' K and V per layer, freed after the layer) are not counted.
 
 The last stage's log-prob head follows the trainer: ``agents.logprob_path.logprob_path`` (the
 function ``LocalAgent`` builds its head from) picks the path for the workload's ``logprob_impl`` and
@@ -50,29 +55,40 @@ class Layout:
     recompute: str = "full"  # none | selective | full
     distributed_optimizer: bool = True
     grad_dtype: str = "float32"  # main gradients: float32 (ours: grad_reduce_in_fp32) | bfloat16
-    ep: int = 1  # expert parallel (MoE): experts over ep of the tp·dp ranks of a stage
+    ep: int = 1  # expert parallel (MoE): experts over ep of the tp·cp·dp ranks of a stage
     etp: int = 1  # expert tensor parallel
+    cp: int = 1  # context parallel: each row split over cp ranks (TE's ring attention)
 
     def __post_init__(self) -> None:
         if self.recompute not in RECOMPUTE:
             raise ValueError(f"recompute={self.recompute!r}: must be one of {list(RECOMPUTE)}")
         if self.grad_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"grad_dtype={self.grad_dtype!r}: must be float32 or bfloat16")
-        if min(self.tp, self.pp, self.dp) < 1:
-            raise ValueError(f"tp={self.tp}, pp={self.pp}, dp={self.dp}: sizes must be >= 1")
+        if min(self.tp, self.pp, self.dp, self.cp) < 1:
+            raise ValueError(f"tp={self.tp}, pp={self.pp}, cp={self.cp}, dp={self.dp}: sizes must be >= 1")
         try:
-            expert_data_parallel(self.tp, self.dp, self.ep, self.etp)
+            expert_data_parallel(self.tp, self.dp, self.ep, self.etp, self.cp)
         except LayoutError as err:
             raise ValueError(str(err)) from None
 
     @property
     def expert_dp(self) -> int:
-        """Expert-data-parallel size tp·dp / (ep·etp)."""
-        return self.tp * self.dp // (self.ep * self.etp)
+        """Expert-data-parallel size tp·cp·dp / (ep·etp)."""
+        return self.tp * self.cp * self.dp // (self.ep * self.etp)
+
+    @property
+    def replicas(self) -> int:
+        """Ranks holding the same weight shard, over which the distributed optimizer shards: dp·cp."""
+        return self.dp * self.cp
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.pp * self.cp * self.dp
+
+    def rank_tokens(self, seq_len: int) -> int:
+        """Tokens of a row of ``seq_len`` that one context-parallel rank holds: the row padded to a
+        multiple of 2·cp (agents/packing.geometry_for), divided by cp; ``seq_len`` at cp = 1."""
+        return seq_len if self.cp == 1 else -(-seq_len // (2 * self.cp)) * 2
 
     @property
     def sequence_sharded(self) -> bool:
@@ -166,11 +182,12 @@ def _layer_bytes(spec: ArchSpec, layout: Layout, work: Workload, recompute: str)
     if spec.is_moe:  # the TP-split width whose /t equals k·f_e/etp (experts) + f_s/tp (shared expert)
         f = spec.moe_topk * spec.moe_ffn_hidden_size * layout.tp / layout.etp + spec.shared_expert_ffn_hidden_size
     out = layer_activation_bytes(
-        s=work.seq_len, b=work.micro_batch, h=spec.hidden_size, a=spec.num_heads, q=spec.num_heads * spec.head_dim,
+        s=layout.rank_tokens(work.seq_len), b=work.micro_batch, h=spec.hidden_size, a=spec.num_heads,
+        q=spec.num_heads * spec.head_dim,
         kv=spec.num_kv_heads * spec.head_dim, f=f, t=layout.tp, sp=layout.sequence_parallel,
         recompute=recompute, flash=work.flash_attention, qk_norm=spec.qk_norm)
     if spec.is_moe and recompute != "full":  # routed copies of the expert input, router probabilities
-        tokens = work.seq_len * work.micro_batch / (layout.tp if layout.sequence_parallel else 1)
+        tokens = layout.rank_tokens(work.seq_len) * work.micro_batch / (layout.tp if layout.sequence_parallel else 1)
         out += tokens * (2 * (spec.moe_topk - 1) * spec.hidden_size + 4 * spec.num_experts)
     return out
 
@@ -180,7 +197,7 @@ def logits_bytes(spec: ArchSpec, layout: Layout, work: Workload, path: paths.Log
     for backward, ``6 B × tokens × V_pad/t`` on the ``megatron`` path; exactly 0 on the fused path."""
     if not path.materialises_logits:
         return 0.0
-    return 6 * work.seq_len * work.micro_batch * spec.padded_vocab_size(layout.tp) / layout.tp
+    return 6 * layout.rank_tokens(work.seq_len) * work.micro_batch * spec.padded_vocab_size(layout.tp) / layout.tp
 
 
 def head_bytes(spec: ArchSpec, layout: Layout, work: Workload, path: paths.LogProbPath) -> float:
@@ -191,9 +208,10 @@ def head_bytes(spec: ArchSpec, layout: Layout, work: Workload, path: paths.LogPr
     our fused kernel the scored rows (``2 B × tokens × h`` on every TP rank: under sequence
     parallelism they are all-gathered, ``path.gather_rows``). Then megatron's :func:`logits_bytes`, or
     the kernel's fp32 log-sum-exp and log-prob per token plus one bounded backward slice
-    (:data:`FUSED_WORKSPACE_BYTES`). Every token of the micro-batch counts as scored (an upper bound).
+    (:data:`FUSED_WORKSPACE_BYTES`). Every token of the micro-batch counts as scored (an upper bound);
+    a context-parallel rank scores its ``s/cp`` tokens of each row.
     """
-    tokens = work.seq_len * work.micro_batch
+    tokens = layout.rank_tokens(work.seq_len) * work.micro_batch
     hidden = 2 * tokens * spec.hidden_size
     if path.materialises_logits:
         return hidden / (layout.tp if layout.sequence_sharded else 1) + logits_bytes(spec, layout, work, path)
@@ -232,8 +250,8 @@ def trainer_memory(spec: ArchSpec, layout: Layout, work: Workload) -> list[Stage
             act += head_bytes(spec, layout, work, path)
             logits = logits_bytes(spec, layout, work, path)
             avoided = head_bytes(spec, layout, work, materialised) - head_bytes(spec, layout, work, fused)
-        weights, grads, optimizer = model_state_bytes(dense, layout.dp, layout.distributed_optimizer, spec.dtype,
-                                                      layout.grad_dtype)
+        weights, grads, optimizer = model_state_bytes(dense, layout.replicas, layout.distributed_optimizer,
+                                                      spec.dtype, layout.grad_dtype)
         if experts:  # the experts' optimizer state is sharded over the expert-data-parallel group
             ew, eg, eo = model_state_bytes(experts, layout.expert_dp, layout.distributed_optimizer, spec.dtype,
                                            layout.grad_dtype)

@@ -98,7 +98,7 @@ def _gib(x: float) -> float:
 def layout_dict(layout: Layout) -> dict[str, Any]:
     return {"tp": layout.tp, "pp": layout.pp, "dp": layout.dp, "sequence_parallel": layout.sequence_parallel,
             "recompute": layout.recompute, "distributed_optimizer": layout.distributed_optimizer,
-            "ep": layout.ep, "etp": layout.etp}
+            "ep": layout.ep, "etp": layout.etp, "cp": layout.cp}
 
 
 def agent_dict(p: AgentPlan, source: str | None = None) -> dict[str, Any]:
@@ -177,7 +177,7 @@ def render_text(obj: dict[str, Any]) -> str:
                      f"{a['params']['hf_total']:,}; padded vocab {a['params']['padded_vocab']}")
         lay = a["layout"]
         if lay["ep"] * lay["etp"] > 1:  # MoE: how the experts are laid out
-            edp = lay["tp"] * lay["dp"] // (lay["ep"] * lay["etp"])
+            edp = lay["tp"] * lay["cp"] * lay["dp"] // (lay["ep"] * lay["etp"])
             lines.append(f"  experts: ep={lay['ep']} etp={lay['etp']}, expert-data-parallel {edp} (the experts' "
                          "optimizer state is sharded over it)")
         lg = a["logits_gib"]

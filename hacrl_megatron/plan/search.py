@@ -4,7 +4,7 @@ An experiment's agents split the cluster in proportion to their cost (parameters
 trains on the same ``n·B·G`` sequences and decodes at a rate set by its weight bytes), in whole
 nodes when there are at least as many nodes as agents. Within its partition each agent gets the
 trainer layout (TP within a node, PP, DP, sequence parallelism, recompute; distributed optimizer
-on) and rollout engines that fit and give the shortest estimated step. The rollout setting the
+on; context parallelism as the agent's config sets it, cp = 1 by default) and rollout engines that fit and give the shortest estimated step. The rollout setting the
 config holds once for all agents (engine TP, memory fraction, colocated or separate GPUs) is
 searched jointly; a step waits for the slowest agent in each phase (HACPO exchanges every
 response before any update).
@@ -85,6 +85,7 @@ class AgentWork:
     work: Workload
     tokens: Tokens
     routing_replay: bool = False  # MoE routing replay: no full recompute with pp > 1 (config rule)
+    cp: int = 1  # the agent's parallel.cp: the search keeps it (every layout splits each row over cp ranks)
 
 
 @dataclass(frozen=True)
@@ -134,7 +135,8 @@ def _trainer_reasons(a: AgentWork, layout: Layout, peak: GPUMemory, limit: float
     hint = {
         "weights": f"{st.params / 1e9:.2f} B params per GPU at tp={layout.tp}, pp={layout.pp}",
         "grads": f"{layout.grad_dtype} main grads of {st.params / 1e9:.2f} B params",
-        "optimizer": (f"fp32 master + Adam, 12 B/param sharded over dp={layout.dp}" if layout.distributed_optimizer
+        "optimizer": (f"fp32 master + Adam, 12 B/param sharded over "
+                      f"{f'dp={layout.dp}' if layout.cp == 1 else f'dp·cp={layout.replicas}'}" if layout.distributed_optimizer
                       else "fp32 master + Adam, 12 B/param on every DP rank without the distributed optimizer"),
         "activations": (f"recompute={layout.recompute}, {a.work.micro_batch}×{a.work.seq_len} tokens per "
                         f"micro-batch, {min(layout.pp - st.stage, a.work.microbatches)} in flight"),
@@ -239,7 +241,8 @@ def pp_options(spec: ArchSpec) -> list[int]:
 
 def ep_options(spec: ArchSpec, tp: int, dp: int) -> list[tuple[int, int]]:
     """(ep, etp) choices: dense models (1, 1); MoE models EP over powers of two that divide the
-    experts and the ``tp·dp`` ranks with ETP = 1, or EP = 1 with the experts split like attention."""
+    experts and the ``tp·dp`` ranks (``dp``: dp·cp under context parallelism) with ETP = 1, or EP = 1
+    with the experts split like attention."""
     if not spec.is_moe:
         return [(1, 1)]
     out = [(1, tp)] if spec.moe_ffn_hidden_size % tp == 0 else []
@@ -251,21 +254,22 @@ def ep_options(spec: ArchSpec, tp: int, dp: int) -> list[tuple[int, int]]:
     return out
 
 
-def layouts(spec: ArchSpec, gpus: int, cluster: Cluster, routing_replay: bool = False) -> list[Layout]:
+def layouts(spec: ArchSpec, gpus: int, cluster: Cluster, routing_replay: bool = False, cp: int = 1) -> list[Layout]:
     """Every trainer layout on exactly ``gpus`` GPUs (sequence parallel whenever tp > 1, the
     distributed optimizer on: both only save memory; MoE models also over the expert layouts;
-    with routing replay never full recompute over several pipeline stages)."""
+    with routing replay never full recompute over several pipeline stages), at context-parallel size
+    ``cp`` (the agent's own; the search does not vary it)."""
     out = []
     for tp in tp_options(spec, cluster):
         for pp in pp_options(spec):
-            if gpus % (tp * pp):
+            if gpus % (tp * pp * cp):
                 continue
-            dp = gpus // (tp * pp)
-            for ep, etp in ep_options(spec, tp, dp):
+            dp = gpus // (tp * pp * cp)
+            for ep, etp in ep_options(spec, tp, dp * cp):
                 for recompute in ("none", "selective", "full"):
                     if routing_replay and recompute == "full" and pp > 1:
                         continue
-                    out.append(Layout(tp, pp, dp, tp > 1, recompute, True, ep=ep, etp=etp))
+                    out.append(Layout(tp, pp, dp, tp > 1, recompute, True, ep=ep, etp=etp, cp=cp))
     return out
 
 
@@ -307,7 +311,7 @@ def best_for_agent(a: AgentWork, gpus: int, cluster: Cluster, rollout: Rollout, 
     else:
         splits = _splits(gpus, cluster, rollout)
     for trainer, engine in splits:
-        for layout in layouts(a.spec, trainer, cluster, a.routing_replay):
+        for layout in layouts(a.spec, trainer, cluster, a.routing_replay, a.cp):
             p = evaluate(a, layout, cluster, rollout, gpus=trainer + engine if engine_gpus is not None else gpus,
                          engine_gpus=engine, assumptions=assumptions)
             if p.fits and (best is None or _rank(p) < _rank(best)):

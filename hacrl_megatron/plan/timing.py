@@ -7,7 +7,8 @@ First-order models, every constant in :class:`Assumptions` and printed with the 
   (one more forward), at a stated MFU of the trainer GPUs' dense bf16 peak, divided by
   ``1 − bubble`` with the 1F1B bubble ``(p − 1)/(m + p − 1)`` (``m`` micro-batches per DP rank and
   update); every learner trains on the responses of the agents it learns from (``n·B·G`` when the
-  method shares rollouts, its own ``B·G`` for GSPO / GRPO);
+  method shares rollouts, its own ``B·G`` for GSPO / GRPO); context parallelism's ring exchange of
+  keys and values (:func:`train_seconds`' ``cp_comm_s``) not overlapped with the attention it feeds;
 * π_old: ``2·N`` per token over the sequences the loop scores before the update (:class:`Tokens`:
   every agent's own responses; with ``hacpo.cross_clip_mode: decoupled`` and ``naive_merge`` also
   every other agent's, re-tokenised; plus the frozen reference's pass over the own responses when
@@ -125,27 +126,33 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
     overlapped with compute (an upper bound); both passes pay the same pipeline bubble. MoE models
     count the FLOPs of the active parameters (one token's top-k experts) and add the expert-parallel
     all-to-all (``ep_comm_s``: dispatch and combine of the k routed copies of every token's hidden state
-    in each forward and backward, the share (ep-1)/ep leaving the rank)."""
+    in each forward and backward, the share (ep-1)/ep leaving the rank). Context parallelism (cp > 1)
+    splits every row over cp ranks: compute and TP exchanges per rank shrink by cp, the gradient
+    reduction runs over dp·cp ranks, and ``cp_comm_s`` is Transformer Engine's ring ('p2p') exchange:
+    in each layer every rank passes its chunk's K and V (``2·kv_heads·head_dim/tp`` bf16 values per
+    token) cp − 1 times around the ring in the forward, and K, V and their gradients in the backward
+    (twice the forward's bytes), over NVLink when the tp·cp ranks of a ring fit one 8-GPU node; counted
+    as not overlapped with the attention compute (TE overlaps them: an upper bound)."""
     n = spec.active_parameters()
     tokens = tok.trained_sequences * tok.mean_seq(a)
     old_share = tok.old_sequences / tok.trained_sequences  # π_old tokens per trained token
     old_flops, train_flops = 2 * n * old_share, 6 * n + (2 * n if layout.recompute == "full" else 0)
-    m = max(1, tok.trained_sequences // (tok.updates * layout.dp * tok.micro_batch))
+    m = max(1, tok.trained_sequences // (tok.updates * layout.dp * tok.micro_batch))  # CP ranks share them
     bubble = (layout.pp - 1) / (m + layout.pp - 1)
     per_flop = tokens / (layout.gpus * gpu.bf16_tflops * 1e12 * a.train_mfu) / (1 - bubble)
     # TP: 2 all-reduce-sized exchanges (attention and MLP outputs) per layer in each forward
     # (log-prob pass, training forward, recompute) and in backward; 2·h bytes per token each,
     # ring factor 2(t-1)/t, over NVLink; every DP replica moves its own tokens
     old_passes, train_passes = 2, 2 + (2 if layout.recompute == "full" else 0) + 2
-    per_pass = tokens / layout.dp * spec.num_layers / layout.pp * 2 * spec.hidden_size
+    per_pass = tokens / (layout.dp * layout.cp) * spec.num_layers / layout.pp * 2 * spec.hidden_size
     per_pass *= 2 * (layout.tp - 1) / layout.tp / (gpu.nvlink_gbps * 1e9 * a.link_efficiency)
     # DP: reduce-scatter + all-gather of the fp32 gradients once per update (ring 2(d-1)/d); MoE
     # experts reduce over the expert-data-parallel group instead
     rate = (gpu.nvlink_gbps if layout.gpus <= 8 else gpu.network_gbps) * 1e9 * a.link_efficiency
     h = spec.hidden_size
     experts = spec.num_layers * spec.num_experts * 3 * h * spec.moe_ffn_hidden_size if spec.is_moe else 0
-    dense, edp = spec.num_parameters() - experts, layout.expert_dp
-    dp_comm = tok.updates * 4 * 2 / rate * (dense / (layout.tp * layout.pp) * (layout.dp - 1) / layout.dp
+    dense, edp, reps = spec.num_parameters() - experts, layout.expert_dp, layout.replicas  # replicas: dp·cp
+    dp_comm = tok.updates * 4 * 2 / rate * (dense / (layout.tp * layout.pp) * (reps - 1) / reps
                                             + experts / (layout.ep * layout.etp * layout.pp) * (edp - 1) / edp)
     # EP: each forward and backward dispatches and combines the k routed copies of every token (bf16)
     per_a2a = 0.0
@@ -154,11 +161,26 @@ def train_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tok: Tokens, a: Assu
         per_a2a = tokens / layout.dp * spec.num_layers / layout.pp * spec.moe_topk * 2 * h
         per_a2a *= (layout.ep - 1) / layout.ep / ep_rate
     old_ep, train_ep = 2 * per_a2a * old_share, 2 * per_a2a * (2 + (1 if layout.recompute == "full" else 0))
+    ring = cp_ring_seconds(spec, layout, gpu, tokens, a)  # one forward's K/V exchange of every layer
+    old_cp, train_cp = ring * old_share, ring * (1 + 2 + (1 if layout.recompute == "full" else 0))
     compute, tp_comm = train_flops * per_flop, train_passes * per_pass
-    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass * old_share + old_ep,
+    return {"old_logprob_s": old_flops * per_flop + old_passes * per_pass * old_share + old_ep + old_cp,
             "old_logprob_sequences": tok.old_sequences,
-            "train_s": compute + tp_comm + dp_comm + train_ep, "train_compute_s": compute, "tp_comm_s": tp_comm,
-            "dp_comm_s": dp_comm, "ep_comm_s": train_ep, "pipeline_bubble": bubble}
+            "train_s": compute + tp_comm + dp_comm + train_ep + train_cp, "train_compute_s": compute,
+            "tp_comm_s": tp_comm, "dp_comm_s": dp_comm, "ep_comm_s": train_ep, "cp_comm_s": train_cp,
+            "pipeline_bubble": bubble}
+
+
+def cp_ring_seconds(spec: ArchSpec, layout: Layout, gpu: GPU, tokens: float, a: Assumptions) -> float:
+    """Seconds of one forward pass's ring exchange of keys and values under context parallelism, per
+    rank, for ``tokens`` tokens (0 at cp = 1): each rank's ``tokens / (dp·cp)`` tokens' K and V of its
+    stage's layers (``kv_heads·head_dim / tp`` values each, bf16) sent cp − 1 times."""
+    if layout.cp == 1:
+        return 0.0
+    rate = (gpu.nvlink_gbps if layout.tp * layout.cp <= 8 else gpu.network_gbps) * 1e9 * a.link_efficiency
+    kv = 2 * spec.num_kv_heads * spec.head_dim / layout.tp * 2  # K and V, bf16, per token
+    per_rank = tokens / (layout.dp * layout.cp) * spec.num_layers / layout.pp * kv
+    return per_rank * (layout.cp - 1) / rate
 
 
 def rollout_seconds(spec: ArchSpec, eng: EngineMemory, engines: int, gpu: GPU, sequences: int, tok: Tokens,
@@ -211,11 +233,11 @@ def retokenize_seconds(cross_responses: int, tok: Tokens, a: Assumptions) -> flo
 
 def probe_seconds(spec: ArchSpec, layout: Layout, engine_tp: int, gpu: GPU, tok: Tokens, a: Assumptions) -> float:
     """The post-sync check of one agent (``sync.check_sync``): one mean-length sequence forward through
-    the trainer (its pipeline stages in turn, each on ``tp`` GPUs: ``2·N·L / tp``) and prefilled by
+    the trainer (its pipeline stages in turn, each on ``tp·cp`` GPUs: ``2·N·L / (tp·cp)``) and prefilled by
     one engine (``2·N·L / engine_tp``), at the training and decode MFU."""
     flops = 2 * spec.active_parameters() * tok.mean_seq(a)
     peak = gpu.bf16_tflops * 1e12
-    return flops / (layout.tp * peak * a.train_mfu) + flops / (engine_tp * peak * a.decode_mfu)
+    return flops / (layout.tp * layout.cp * peak * a.train_mfu) + flops / (engine_tp * peak * a.decode_mfu)
 
 
 def checkpoint_seconds(parameters: list[int], a: Assumptions) -> float:

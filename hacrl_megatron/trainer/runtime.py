@@ -25,6 +25,7 @@ import torch
 
 from hacrl_megatron.agents.handle import AgentHandle
 from hacrl_megatron.config import AgentConfig, ExperimentConfig
+from hacrl_megatron.config.validation_scale import require_context_parallel
 from hacrl_megatron.data.prompts import format_prompt
 from hacrl_megatron.exchange.tokenizers import load_tokenizer
 from hacrl_megatron.models.resolved import (
@@ -156,6 +157,26 @@ def planned_trainer_spans(exp: ExperimentConfig, cfg: AgentConfig) -> list[tuple
     return [(node, count) for node, _, count in planned.spans]
 
 
+def _check_context_parallel(agent: ResolvedAgent) -> None:
+    """``parallel.cp > 1`` needs Transformer Engine on CUDA where the agent's ranks run: here for an
+    in-process agent, and for Ray ranks unless this process joins (or already runs) a Ray cluster with
+    GPUs, whose ranks check their own machines (agents/local.py). Refused in one line naming the key,
+    before any rank or private Ray cluster starts."""
+    cp = agent.cfg.parallel.cp
+    if cp <= 1:
+        return
+    if uses_ray_workers(agent.cfg):
+        from hacrl_megatron.agents.ray_placement import _starts_private_cluster, require_ray
+
+        ray = require_ray()
+        if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0:
+            return  # GPU nodes: each rank checks its own machine
+        if not ray.is_initialized() and not _starts_private_cluster(None):
+            return  # an existing cluster is joined later: its ranks check their machines
+    # this machine runs the ranks (in-process, or a private Ray cluster of this machine, or a GPU-less one)
+    require_context_parallel(cp, f"agents.{agent.index}.parallel.cp")
+
+
 def build_agent(agent: ResolvedAgent, model: PreTrainedModel | Path, exp: ExperimentConfig,
                 total_updates: int) -> AgentHandle:
     """The AgentHandle for ``agent``'s backend initialised from ``model``'s weights: an HF model in this
@@ -165,6 +186,7 @@ def build_agent(agent: ResolvedAgent, model: PreTrainedModel | Path, exp: Experi
     # the weights already are the starting point (init_checkpoint or hf_path): the agent copies or reads
     # them (the HF backend trains ``model`` itself; the engine takes its own copy or folder)
     cfg, t = dataclasses.replace(agent.cfg, init_checkpoint=None), exp.train
+    _check_context_parallel(agent)
     if cfg.backend == "hf":
         from hacrl_megatron.agents.hf import HFAgent
 

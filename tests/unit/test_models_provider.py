@@ -110,10 +110,12 @@ def test_vocab_padding():
 def test_parallel_state_reuse_and_mismatch():
     torch.set_num_threads(1)
     info = init_parallel(1, 1, 1)
-    assert (info.tp, info.pp, info.dp, info.world_size) == (1, 1, 1, 1)
+    assert (info.tp, info.pp, info.dp, info.cp, info.cp_rank, info.world_size) == (1, 1, 1, 1, 0, 1)
     assert init_parallel(1, 1, 1) == info  # a second agent in the same process reuses the state
-    with pytest.raises(ParallelStateError, match=r"world size 1 != tp\*pp\*dp = 2\*1\*1"):
+    with pytest.raises(ParallelStateError, match=r"world size 1 != tp\*pp\*cp\*dp = 2\*1\*1\*1"):
         init_parallel(2, 1, 1)
+    with pytest.raises(ParallelStateError, match=r"world size 1 != tp\*pp\*cp\*dp = 1\*1\*2\*1"):
+        init_parallel(1, 1, 1, cp=2)  # context-parallel ranks are ranks of the agent's world too
 
 
 def test_shutdown_parallel_closes_the_world_and_a_new_one_can_start():

@@ -86,7 +86,7 @@ def test_json_contract_and_terms(capsys, llama70b):
     (agent,) = out["agents"]
     assert list(agent)[:6] == ["name", "layout", "params_per_stage", "memory_gib", "fits", "reasons"]
     assert agent["layout"] == {"tp": 8, "pp": 8, "dp": 1, "sequence_parallel": False, "recompute": "full",
-                               "distributed_optimizer": True, "ep": 1, "etp": 1}
+                               "distributed_optimizer": True, "ep": 1, "etp": 1, "cp": 1}
     spec = arch_from_config(KNOWN_CONFIGS["Llama-3.1-70B"])
     assert agent["params_per_stage"] == list(stage_params(spec, 8, 8))
     assert agent["params_per_stage"][:2] == [1_201_045_504, 1_069_711_360]
