@@ -192,7 +192,8 @@ def _world(rank: int, tp: int) -> dict:
     return out
 
 
-@pytest.fixture(scope="module", params=[1, 2], ids=["cp2", "tp2sp_cp2"])
+# the 4-rank world (TP2 with sequence parallelism × CP2) runs in the slow step, as the other 4-rank worlds
+@pytest.fixture(scope="module", params=[1, pytest.param(2, marks=pytest.mark.slow)], ids=["cp2", "tp2sp_cp2"])
 def world(request, tmp_path_factory):
     torch.set_num_threads(1)
     tp = request.param
