@@ -243,7 +243,8 @@ class Offloadable:
     def _parking(self) -> StorageParking:
         parking = self.__dict__.get("_storage_parking")
         if parking is None:
-            if hasattr(self.optimizer, "optimizer") or hasattr(self.optimizer, "chained_optimizers"):  # megatron
+            # megatron (chained first: a ChainedOptimizer of several asserts when asked for .optimizer)
+            if hasattr(self.optimizer, "chained_optimizers") or hasattr(self.optimizer, "optimizer"):
                 training = functools.partial(megatron_training_tensors, self.model, self.optimizer)
                 weights = functools.partial(model_tensors, self.model, self.model)
             else:

@@ -165,3 +165,25 @@ def test_hf_agent_sleeps_and_wakes_its_model_and_adamw_bit_identically(tmp_path,
     batch = sample_batch(seed=7)
     assert slept.train([batch], sft_loss)[0]["loss"] == plain.train([batch], sft_loss)[0]["loss"]
     assert_identical(state(plain), state(slept))
+
+
+def test_an_moe_agent_with_its_chained_dense_and_expert_optimizers_sleeps_and_wakes(tmp_path):
+    """An MoE agent's optimizer chains a dense and an expert optimizer (agents/local.py), and its DDP
+    keeps the experts' gradients in buffers of their own: all of it parks and comes back bit-identically."""
+    from hacrl_megatron.config import AgentConfig, ModelConfig, ParallelConfig
+    from tests.distributed.moe_helpers import make_tiny_moe
+
+    make_tiny_moe("qwen3_moe", str(tmp_path / "moe"), seed=2)
+    agent = LocalAgent(AgentConfig(name="moe", model=ModelConfig(arch="qwen3_moe", hf_path=str(tmp_path / "moe")),
+                                   lr=1e-3, parallel=ParallelConfig()), train_config(micro_batch_size=2))
+    assert len(agent.optimizer.chained_optimizers) == 2
+    agent.train([sample_batch(seed=4)], sft_loss)
+    before = megatron_state(agent)
+    expert_grads = [b.grad_data for b in agent.model.expert_parallel_buffers]
+    saved = [g.clone() for g in expert_grads]
+    assert expert_grads and any(float(g.abs().sum()) > 0 for g in saved)
+    agent.sleep("all")
+    assert all(g.untyped_storage().nbytes() == 0 for g in expert_grads)
+    agent.wake()
+    assert_identical(before, megatron_state(agent))
+    assert all(torch.equal(a, b.grad_data) for a, b in zip(saved, agent.model.expert_parallel_buffers))
