@@ -131,6 +131,12 @@ class AgentConfig:
     rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang / vLLM servers: k ·
     # rollout.<engine>.tp ids start k engines (consecutive groups of tp); empty: one engine, GPUs inherited
 
+    @property
+    def ray_workers(self) -> bool:
+        """The agent's ranks are Ray actors (``workers: ray``, or auto with more than one rank; Megatron only)."""
+        return self.backend == "megatron" and (self.workers == "ray" or (self.workers == "auto"
+                                                                          and self.parallel.world_size > 1))
+
 
 @dataclass
 class HFEngineConfig:
@@ -141,7 +147,7 @@ class HFEngineConfig:
 
     max_batch_size: int = 64  # sequences per generate call (a call's prompts × n are split into chunks)
 
-    def auto_weight_sync(self, colocate: bool) -> str:
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
         """``rollout.weight_sync: auto``: the engine copies the trainer's tensors into its model in place."""
         return "inprocess"
 
@@ -179,8 +185,9 @@ class SGLangConfig:
     # the server's environment (README "Engines": .ci/sglang.sh install); SGLang's own CPU kernels are not used
     cpu: bool = False
 
-    def auto_weight_sync(self, colocate: bool) -> str:
-        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast."""
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
+        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast (from
+        every pipeline stage of a Ray agent at once, docs/weight_sync.md; gloo on CPU)."""
         return "tensor" if colocate else "distributed"
 
 
@@ -210,9 +217,12 @@ class VLLMConfig:
     python: str = ""  # interpreter that runs vLLM's api_server (vLLM in its own venv, e.g. .venv-vllm/bin/python
     # or the image's /opt/vllm/bin/python). Empty: $HACRL_VLLM_PYTHON if set, else this Python
 
-    def auto_weight_sync(self, colocate: bool) -> str:
-        """``rollout.weight_sync: auto``: a folder the server reloads (the one transport vLLM has on CPU)."""
-        return "disk"
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
+        """``rollout.weight_sync: auto``: for a Ray agent's separate GPU servers, vLLM's NCCL transfer from
+        the trainer's ranks (each pipeline stage its own share, docs/weight_sync.md): no copy through the
+        object store and the filesystem each step; else a folder the server reloads (the one transport
+        vLLM has on CPU, and what a local agent, whose weights are in the controller, writes)."""
+        return "distributed" if ray_agent and cuda and not colocate else "disk"
 
 
 @dataclass

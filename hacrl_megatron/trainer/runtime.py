@@ -149,7 +149,7 @@ def reads_weights_itself(exp: ExperimentConfig, cfg: AgentConfig) -> bool:
 
 def uses_ray_workers(cfg: AgentConfig) -> bool:
     """The agent's ranks are Ray actors (``workers: ray``, or auto with more than one rank)."""
-    return cfg.backend == "megatron" and (cfg.workers == "ray" or (cfg.workers == "auto" and cfg.parallel.world_size > 1))
+    return cfg.ray_workers
 
 
 def planned_trainer_spans(exp: ExperimentConfig, cfg: AgentConfig) -> list[tuple[int, int]] | None:
