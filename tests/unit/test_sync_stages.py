@@ -234,3 +234,40 @@ def test_turns_go_first_come_first_served_and_across_pushes():
     a.acquire()
     with pytest.raises(TimeoutError, match="turn 5 did not come"):
         late.acquire()
+
+
+class LayoutOnly:
+    """A Ray agent as make_transport sees it: its PP and its ranks' layouts."""
+
+    def __init__(self, tp: int, pp: int) -> None:
+        self.pipeline_stages, self.infos = pp, layout(tp, pp)
+
+
+@pytest.mark.parametrize("engine, pp, expected", [
+    ("sglang", 2, "StageTransport"), ("sglang", 1, "DistributedTransport"),
+    ("vllm", 2, "VLLMStageTransport"), ("vllm", 1, "VLLMNCCLTransport"),
+])
+def test_make_transport_sends_from_every_stage_of_a_ray_agent_with_pp_above_1(engine, pp, expected):
+    from hacrl_megatron.config import load_config
+    from hacrl_megatron.sync import make_transport
+
+    r = load_config("cpu_demo", [f"rollout.engine={engine}", "rollout.weight_sync=distributed"]).rollout
+    transport = make_transport(r, "a", None, None, ranks=LayoutOnly(2, pp))
+    assert type(transport).__name__ == expected
+    if pp > 1:
+        assert [role.rank for role in transport.roles if role.sends] == [0, 2]
+
+
+def test_vllm_auto_sends_from_the_trainers_ranks_for_a_ray_agent_on_gpus_and_keeps_disk_otherwise():
+    from hacrl_megatron.config import AgentConfig, ParallelConfig, load_config
+    from hacrl_megatron.sync import resolve_weight_sync
+
+    v = load_config("cpu_demo", ["rollout.engine=vllm"]).rollout
+    assert v.vllm.auto_weight_sync(False, ray_agent=True, cuda=True) == "distributed"
+    assert {v.vllm.auto_weight_sync(c, ray_agent=a, cuda=g) for c, a, g in
+            [(False, False, True), (False, True, False), (True, True, True)]} == {"disk"}
+    assert resolve_weight_sync(v, ray_agent=True) == ("distributed" if torch.cuda.is_available() else "disk")
+    s = load_config("cpu_demo", ["rollout.engine=sglang"]).rollout
+    assert resolve_weight_sync(s, ray_agent=True) == resolve_weight_sync(s) == "distributed"  # gloo on CPU
+    assert AgentConfig(parallel=ParallelConfig(pp=2)).ray_workers and not AgentConfig().ray_workers
+    assert not AgentConfig(backend="hf", parallel=ParallelConfig(pp=2)).ray_workers
