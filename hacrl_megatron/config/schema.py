@@ -251,8 +251,9 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     weight_sync: str = "auto"  # trainer → engine transport: inprocess (hf: copy into the engine's model) |
     # disk (a safetensors folder every engine reloads; hf, sglang, vllm) | tensor (CUDA IPC; sglang, vllm, needs
-    # colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank; sglang, vllm) |
-    # auto (hf: inprocess; sglang: tensor when colocate, else distributed; vllm: disk)
+    # colocate) | distributed (bucketed NCCL broadcast to every engine rank from trainer rank 0, or with PP > 1 from
+    # each pipeline stage's first rank, its own stage's share; gloo on CPU; sglang, vllm) | auto (hf: inprocess;
+    # sglang: tensor when colocate, else distributed; vllm: distributed for a Ray agent on GPUs, else disk)
     weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
     colocate: bool = False  # SGLang / vLLM engines share the trainer's GPUs: they release their memory while the
     # trainer trains and resume it for the sync (servers start with --enable-memory-saver / --enable-sleep-mode)
