@@ -23,7 +23,8 @@ it gives every rank a :class:`RankSender` (rank 0's holds a transport), so train
 is group rank 0, the group's master address is on rank 0's node, and rank 0 also sends the
 per-bucket requests (they carry the bucket's names and shapes, which only rank 0 knows, and each
 blocks on the engine while that bucket's broadcast runs). The controller only starts the push; no
-tensor passes through it.
+tensor passes through it. A Ray agent with PP > 1 pushes from every stage instead
+(``sync/stages.py``: one group per stage, the stages' senders taking turns, :class:`BucketTurns`).
 
 The group is created through each engine's ``init_weights_update_group`` (for SGLang: its
 rendezvous, ``init_method = tcp://master:port``, the store prefixed by the group name, torch's
