@@ -271,3 +271,66 @@ def test_vllm_auto_sends_from_the_trainers_ranks_for_a_ray_agent_on_gpus_and_kee
     assert resolve_weight_sync(s, ray_agent=True) == resolve_weight_sync(s) == "distributed"  # gloo on CPU
     assert AgentConfig(parallel=ParallelConfig(pp=2)).ray_workers and not AgentConfig().ray_workers
     assert not AgentConfig(backend="hf", parallel=ParallelConfig(pp=2)).ray_workers
+
+
+EVENTS: list[tuple] = []  # what the fake vLLM servers and transfers saw, in order (one process, threads)
+_EVENTS_LOCK = threading.Lock()
+
+
+def record(*event) -> None:
+    with _EVENTS_LOCK:
+        EVENTS.append(event)
+
+
+class FakeVLLM:
+    """A vLLM client as the controller sees it (health, one update around every stage's chunks)."""
+
+    base_url, tp_size = "http://vllm0", 1
+
+    def health(self) -> bool:
+        return True
+
+    def start_weight_update(self) -> None:
+        record("start")
+
+    def finish_weight_update(self, version: int) -> None:
+        record("finish", version)
+
+    def detached(self):
+        return self
+
+
+class FakeTransfer:
+    """Stands for one stage's VLLMNCCLTransport (CUDA only): records its push and its shutdown."""
+
+    def __init__(self, updates: bool) -> None:
+        self.updates, self.bytes_sent = updates, 0
+
+    def push(self, engines, named_tensors, version: int) -> int:
+        tensors = list(named_tensors)
+        record("open")  # init_weight_transfer with this stage's sender as rank 0
+        self.bytes_sent = nbytes(t for _, t in tensors)
+        record("chunks", {stage_of(n) for n, _ in tensors})
+        return len(tensors)
+
+    def close(self) -> None:
+        record("shutdown")
+
+
+def test_vllm_stages_take_one_turn_each_inside_one_update(monkeypatch):
+    from hacrl_megatron.sync import vllm_stages
+
+    monkeypatch.setattr(vllm_stages.VLLMStageSenderFactory, "transport",
+                        lambda self, role: FakeTransfer(updates=False))
+    pushed = dict(tiny_llama(40, seed=5, tie=False).state_dict())
+    ranks = StageRanks(pushed)
+    transport = vllm_stages.VLLMStageTransport(BUCKET_BYTES, ranks=ranks, store=shared_store)
+    EVENTS.clear()
+    assert transport.push([FakeVLLM()], UnreadExport(ranks), version=7) == len(pushed)
+    assert EVENTS[0] == ("start",) and EVENTS[-1] == ("finish", 7)
+    turns = EVENTS[1:-1]  # each stage: open, all its chunks, shutdown, before the next stage opens
+    assert [e[0] for e in turns] == ["open", "chunks", "shutdown"] * 2
+    assert sorted(next(iter(e[1])) for e in turns if e[0] == "chunks") == [0, 1]
+    assert [o.bytes_sent for o in ranks.outcomes] == [
+        nbytes(t for n, t in pushed.items() if stage_of(n) == 0), 0, nbytes(t for n, t in pushed.items() if stage_of(n) == 1), 0]
+    transport.close()
