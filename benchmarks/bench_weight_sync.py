@@ -13,6 +13,19 @@ vocabulary 32000). Prints, per bucket size: seconds per sync, MB/s, number of bu
 bucket+flatten cost alone in one process (no collective). Loopback gloo on a shared 2-core
 machine measures the CPU path's overheads, not NCCL bandwidth.
 
+    python benchmarks/bench_weight_sync.py --stages [--hidden 1024] [--layers 8] [--stage-bucket-mb 64]
+
+The stage-parallel path (sync/stages.py) against the rank-0 funnel (sync/distributed.py), both the
+package's own code end to end on gloo: a TP = 2 · PP = 2 trainer world (four processes holding each
+weight's TP shards) pushes into one stand-in SGLang server (tests/fixtures/fake_sglang_server.py, in
+this process, an HF Llama of the same shapes in bf16). The funnel: every rank runs the full export
+(each tensor all-gathered over its stage's TP group, then broadcast over the pipeline group to the
+other stage) and rank 0 pushes it through ``push_from_rank``. The stages: each stage's TP group
+gathers its own tensors only and each stage's first rank pushes them through its
+``StageSender`` (its own weight group, turns on the engine through the world's store); rank 0 holds
+the server's session around both, as the controller does. Prints seconds per push and per GB (best
+of ``--repeat``, after one warm-up push that forms the groups) and the bytes each rank held and sent.
+
     python benchmarks/bench_weight_sync.py --sglang disk tensor gloo nccl [--repeat 3]
 
 GPU only: a real SGLang server on SmolLM2-135M-Instruct (``$HACRL_SGLANG_PYTHON`` or this Python)
@@ -24,6 +37,7 @@ GPU 0; nccl needs a second GPU for the server (NCCL cannot put two ranks on one 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -187,6 +201,144 @@ def sglang_bench(modes: list[str], repeat: int) -> None:
         server.stop()
 
 
+# --------------------------------------------------------------------------------------------
+# stage-parallel push vs the rank-0 funnel (--stages)
+
+STAGE_TP, STAGE_PP = 2, 2
+
+
+def stage_of(name: str, layers: int) -> int:
+    """Pipeline stage (of two) owning an HF tensor: the embedding and the first half of the layers on 0."""
+    if name.startswith("model.layers."):
+        return int(name.split(".")[2]) * STAGE_PP // layers
+    return 0 if name == "model.embed_tokens.weight" else STAGE_PP - 1
+
+
+def _gather_own(name: str, shape: tuple[int, ...], rank: int, tp_group) -> torch.Tensor:
+    """The full tensor from this TP rank's shard and its peer's (1-D weights are replicated)."""
+    full = torch.empty(shape, dtype=torch.bfloat16)
+    if len(shape) == 1:
+        return full.fill_(1.0)
+    shard = torch.full((shape[0] // STAGE_TP, *shape[1:]), float(rank % STAGE_TP + 1), dtype=torch.bfloat16)
+    torch.distributed.all_gather(list(full.split(shape[0] // STAGE_TP)), shard, group=tp_group)
+    return full
+
+
+def funnel_stream(shapes, layers: int, rank: int, tp_group, pp_group):
+    """What ``export_hf_weights`` does per tensor on every rank: the owning stage gathers, then a
+    pipeline broadcast hands the tensor to the other stage."""
+    stage = rank // STAGE_TP
+    for name, shape in shapes:
+        owner = stage_of(name, layers)
+        full = _gather_own(name, shape, rank, tp_group) if owner == stage else torch.empty(shape, dtype=torch.bfloat16)
+        torch.distributed.broadcast(full, src=owner * STAGE_TP + rank % STAGE_TP, group=pp_group)
+        yield name, full
+
+
+def stage_stream(shapes, layers: int, rank: int, tp_group):
+    """What ``export_stage_hf_weights`` does: this stage's tensors only, gathered within the stage."""
+    for name, shape in shapes:
+        if stage_of(name, layers) == rank // STAGE_TP:
+            yield name, _gather_own(name, shape, rank, tp_group)
+
+
+class _Counted:
+    def __init__(self, stream) -> None:
+        self.stream, self.bytes = stream, 0
+
+    def __iter__(self):
+        for name, t in self.stream:
+            self.bytes += t.numel() * t.element_size()
+            yield name, t
+
+
+def _stage_worker(rank: int, world: int, init_file: str, args, url: str, results) -> None:
+    import torch.distributed as dist
+
+    from hacrl_megatron.rollout import SGLangEngine
+    from hacrl_megatron.sync.base import weight_update_session
+    from hacrl_megatron.sync.distributed import DistributedTransport, push_from_rank
+    from hacrl_megatron.sync.stages import StageRole, StageSenderFactory
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    tp_groups = [dist.new_group([s * STAGE_TP + t for t in range(STAGE_TP)]) for s in range(STAGE_PP)]
+    pp_groups = [dist.new_group([s * STAGE_TP + t for s in range(STAGE_PP)]) for t in range(STAGE_TP)]
+    tp_group, pp_group = tp_groups[rank // STAGE_TP], pp_groups[rank % STAGE_TP]
+    shapes, bucket = llama_shapes(args.hidden, args.layers), args.stage_bucket_mb << 20
+    engine = SGLangEngine(url, eos_token_id=0, name="engine0", timeout=600)
+    funnel = DistributedTransport(bucket, backend="gloo", group_name="bench_funnel") if rank == 0 else None
+    roles = tuple(StageRole(r, r // STAGE_TP, STAGE_PP, sends=r % STAGE_TP == 0, exports=True) for r in range(world))
+    sender = StageSenderFactory(roles, bucket, "gloo", "bench_stages", None, 600.0, {}, "bench_turns")(rank)
+    for path in ("funnel", "stages"):
+        for attempt in range(args.repeat + 1):  # the first push forms the groups: not timed
+            dist.barrier()
+            start = time.perf_counter()
+            if path == "funnel":
+                stream = _Counted(funnel_stream(shapes, args.layers, rank, tp_group, pp_group))
+                before = funnel.bytes_sent if funnel else 0
+                push_from_rank(stream, funnel, [engine], version=attempt)
+                sent = funnel.bytes_sent - before if funnel else 0
+            else:
+                stream = _Counted(stage_stream(shapes, args.layers, rank, tp_group))
+                with weight_update_session([engine]) if rank == 0 else contextlib.nullcontext():
+                    dist.barrier()  # the controller's session is open before any stage sends
+                    sender.push(stream, [engine], version=attempt)
+                    dist.barrier()
+                sent = sender.last_bytes_sent
+            dist.barrier()
+            if attempt:
+                results.put((path, rank, time.perf_counter() - start, stream.bytes, sent))
+    if funnel is not None:
+        funnel.close()
+    sender.close()
+    dist.destroy_process_group()
+
+
+def stages_bench(args) -> None:
+    """Seconds per GB of the stage-parallel push and of the rank-0 funnel (module docstring)."""
+    from types import SimpleNamespace
+
+    import torch.multiprocessing as mp
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hacrl_megatron.models.parallel import local_rendezvous
+    from hacrl_megatron.rollout import HFEngine
+    from tests.fixtures.sglang_standin import StandIn
+
+    ffn = int(args.hidden * 2.75) // 64 * 64
+    config = LlamaConfig(vocab_size=32000, hidden_size=args.hidden, intermediate_size=ffn, num_hidden_layers=args.layers,
+                         num_attention_heads=args.hidden // 64, num_key_value_heads=args.hidden // 64,
+                         tie_word_embeddings=False)
+    shapes = llama_shapes(args.hidden, args.layers)
+    gb = sum(torch.Size(s).numel() * 2 for _, s in shapes) / 1e9
+    share = [sum(torch.Size(s).numel() * 2 for n, s in shapes if stage_of(n, args.layers) == k) / 1e9
+             for k in range(STAGE_PP)]
+    server = StandIn(lambda: HFEngine(LlamaForCausalLM(config).to(torch.bfloat16),
+                                      SimpleNamespace(eos_token_id=0, pad_token_id=0)))
+    server.start()
+    print(f"model: hidden {args.hidden}, {args.layers} layers, vocab 32000, bf16: {len(shapes)} tensors, {gb:.3f} GB "
+          f"(stage shares {share[0]:.3f} + {share[1]:.3f} GB); TP{STAGE_TP}·PP{STAGE_PP} gloo world -> 1 stand-in "
+          f"SGLang server; buckets {args.stage_bucket_mb} MiB; torch {torch.__version__}, {os.cpu_count()} CPUs")
+    results = mp.get_context("spawn").SimpleQueue()
+    try:
+        with local_rendezvous("bench_stages_") as init_file:
+            mp.spawn(_stage_worker, args=(STAGE_TP * STAGE_PP, init_file, args, server.base_url, results),
+                     nprocs=STAGE_TP * STAGE_PP, join=True)
+    finally:
+        server.stop()
+    runs: dict[str, dict[int, list[tuple[float, int, int]]]] = {}
+    while not results.empty():
+        path, rank, seconds, held, sent = results.get()
+        runs.setdefault(path, {}).setdefault(rank, []).append((seconds, held, sent))
+    print(f"{'path':>8} {'s/push (best)':>14} {'s/GB':>8} {'GB/s':>6}   per rank: GB held / GB sent")
+    for path in ("funnel", "stages"):
+        per_rank = runs[path]
+        best = min(max(per_rank[r][k][0] for r in per_rank) for k in range(args.repeat))  # a push ends with its last rank
+        ranks = "  ".join(f"r{r} {per_rank[r][0][1] / 1e9:.3f}/{per_rank[r][0][2] / 1e9:.3f}" for r in sorted(per_rank))
+        print(f"{path:>8} {best:>14.3f} {best / gb:>8.2f} {gb / best:>6.2f}   {ranks}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--hidden", type=int, default=1024)
@@ -195,9 +347,14 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sglang", nargs="*", choices=["disk", "tensor", "gloo", "nccl"],
                         help="GPU: time these transports into a real SGLang server instead")
+    parser.add_argument("--stages", action="store_true",
+                        help="the stage-parallel push vs the rank-0 funnel from a TP2·PP2 gloo world instead")
+    parser.add_argument("--stage-bucket-mb", type=int, default=64, help="--stages: MiB per bucket")
     args = parser.parse_args()
     if args.sglang:
         return sglang_bench(args.sglang, args.repeat)
+    if args.stages:
+        return stages_bench(args)
     import torch.multiprocessing as mp
 
     shapes = llama_shapes(args.hidden, args.layers)

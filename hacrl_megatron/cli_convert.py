@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from hacrl_megatron.agents import checkpoint as ckpt
-from hacrl_megatron.models import convert
+from hacrl_megatron.models import convert, export
 from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.hf_io import open_hf_model, resolve_hf_dir
 from hacrl_megatron.models.parallel import (
@@ -179,7 +179,7 @@ def convert_in_world(opts: dict) -> None:
         if dist.get_rank() == 0:
             _copy_tokenizer(opts, os.path.join(opts["to_megatron"], "tokenizer"))
         return
-    stream = convert.export_hf_weights(model, spec)
+    stream = export.export_hf_weights(model, spec)
     if dist.get_rank() == 0:
         convert.save_hf_checkpoint(stream, hf_config, opts["to_hf"], int(opts.get("max_shard_gb", 2.0) * 2**30))
         _copy_tokenizer(opts, opts["to_hf"])

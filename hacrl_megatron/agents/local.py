@@ -44,6 +44,7 @@ from hacrl_megatron.config import AgentConfig, ConfigError, TrainConfig
 from hacrl_megatron.config.validation_scale import require_context_parallel
 from hacrl_megatron.models import convert
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
+from hacrl_megatron.models.export import export_hf_weights, export_stage_hf_weights
 from hacrl_megatron.models.hf_io import is_hf_dir
 from hacrl_megatron.models.moe import MoESettings
 from hacrl_megatron.models.parallel import init_parallel
@@ -405,7 +406,12 @@ class LocalAgent(Offloadable):
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """HF-named full tensors (gathered across TP/PP), streamed one at a time, on every rank."""
         enable_cpu_compat()
-        return convert.export_hf_weights(self.module, self.spec)
+        return export_hf_weights(self.module, self.spec)
+
+    def export_stage_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """This rank's pipeline stage's share of them, on that stage only (a stage sender's stream)."""
+        enable_cpu_compat()
+        return export_stage_hf_weights(self.module, self.spec)
 
     def save(self, path: str) -> None:
         """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""

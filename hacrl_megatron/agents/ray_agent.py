@@ -22,7 +22,9 @@ Weights bound for rollout servers need not come back at all: the export stream
 = distributed``, sync/distributed.py) to do so. It then builds one sender per rank
 (:meth:`RayAgent.open_weight_sender`) and each push (:meth:`RayAgent.push_weights`) runs on
 every rank: all ranks gather across TP/PP in their export, rank 0 broadcasts the buckets into
-the servers. A server failing a push is raised to the caller without tearing the world down.
+the servers; with PP > 1 each stage's first rank sends its own stage's share instead, gathered
+within the stage only (sync/stages.py, docs/weight_sync.md). A server failing a push is raised to
+the caller without tearing the world down.
 
 A failing rank (a dead actor or an exception) leaves the other ranks inside collectives, so the
 whole world is torn down and the error names the agent and the rank; build a new agent (or load a
@@ -54,10 +56,12 @@ from hacrl_megatron.agents.ray_placement import (
     spawn_actors,
 )
 from hacrl_megatron.agents.ray_worker import (
+    PushOutcome,
     RankWorker,
     SharedStateDict,
     WeightSender,
     WorkerSetup,
+    push_total,
     remote_worker_class,
 )
 from hacrl_megatron.config import AgentConfig, TrainConfig
@@ -167,7 +171,8 @@ class RayAgent:
         except BaseException:
             self.close()
             raise
-        self.infos = [r["info"] for r in results]
+        self.infos = [r["info"] for r in results]  # per rank (rank order): models.parallel.ParallelInfo as a dict
+        self.push_outcomes: list[PushOutcome] = []  # every rank's part of the last weight push (push_weights)
         self.spec, self.hf_config = results[0]["spec"], results[0]["hf_config"]
         self._num_parameters = int(results[0]["num_parameters"])
 
@@ -345,25 +350,36 @@ class RayAgent:
         """Build ``make_sender(rank)`` on every rank (cloudpickled once), replacing the previous senders."""
         self._call(RankWorker.open_weight_sender, make_sender)
 
-    def push_weights(self, engines: Sequence[Any], version: int) -> int:
-        """Every rank exports into its sender, rank 0 sends to ``engines`` (picklable endpoints)
-        as weight version ``version``; returns the number of tensors.
+    @property
+    def pipeline_stages(self) -> int:
+        """PP of the agent's layout (a weight transport sends from every stage when it is > 1)."""
+        return self.layout[1]
 
-        A sender's error (a server refused or died) is raised here as it was raised on rank 0
-        (e.g. ``SGLangUnreachable``), and the agent stays usable: every rank finished its export.
+    def push_weights(self, engines: Sequence[Any], version: int) -> int:
+        """Every rank exports into its sender, and the senders send to ``engines`` (picklable
+        endpoints) as weight version ``version``: rank 0 (``sync/distributed.py``), or each pipeline
+        stage's first rank (``sync/stages.py``); returns the number of tensors pushed. Every rank's
+        part (tensors, bytes held and sent) stays in :attr:`push_outcomes`.
+
+        A sender's error (a server refused or died) is raised here as it was raised on its rank
+        (e.g. ``SGLangUnreachable``; a note names the rank and, for a stage's sender, the stage), and
+        the agent stays usable: every rank finished its export.
         """
         outcomes = self._call(RankWorker.push_weights, list(engines), version)
+        self.push_outcomes = outcomes
         for rank, outcome in enumerate(outcomes):
             if outcome.error is not None:
-                outcome.error.add_note(f"[hacrl] agent {self.name!r}: weight push failed on rank {rank}; "
+                where = f"rank {rank}" + (f" (pipeline {outcome.part})" if outcome.part not in ("all", None) else "")
+                outcome.error.add_note(f"[hacrl] agent {self.name!r}: weight push failed on {where}; "
                                        "the agent's world is intact")
                 raise outcome.error
-        counts = [o.count for o in outcomes]
-        if len(set(counts)) != 1:
+        total = push_total(outcomes)
+        if total is None:
+            counts = [(o.part, o.count) for o in outcomes]
             self._teardown(f"weight push exported {counts} tensors on the ranks")
-            raise RayAgentError(f"agent {self.name!r}: ranks exported {counts} tensors in one weight push; "
+            raise RayAgentError(f"agent {self.name!r}: ranks exported {counts} (part, tensors) in one weight push; "
                                 "the agent's workers were shut down")
-        return counts[0]
+        return total
 
     def close_weight_sender(self) -> None:
         """Close every rank's sender (rank 0 destroys its group with the servers); nothing once shut down."""

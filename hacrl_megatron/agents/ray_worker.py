@@ -91,7 +91,10 @@ class WeightSender(Protocol):
     transport's factory, e.g. ``sync.distributed.RankSenderFactory``; kept between pushes).
 
     Every rank calls :meth:`push` with its own export stream (a collective: each tensor is a TP
-    gather / PP broadcast); rank 0's sender sends, the others only advance the stream.
+    gather / PP broadcast); rank 0's sender sends, the others only advance the stream. A sender
+    may name the stream it reads in an ``export`` attribute (:data:`EXPORTS`; absent: "all") and
+    the part of the model it reports in ``part`` (``sync/stages.py``: "stage<k>", or None for a
+    rank that takes no part), and its bytes on the wire of the last push in ``last_bytes_sent``.
     """
 
     def push(self, named_tensors: Iterator[tuple[str, torch.Tensor]], engines: Sequence[Any], version: int) -> int:
@@ -101,6 +104,11 @@ class WeightSender(Protocol):
         """Release what the sender holds (rank 0: the process group with the servers)."""
 
 
+# what a sender's export reads: the whole model on every rank (TP gathers, PP broadcasts), its own
+# pipeline stage's share only (TP gathers within the stage), or nothing (a rank that takes no part)
+EXPORTS = ("all", "stage", "none")
+
+
 @dataclasses.dataclass(frozen=True)
 class PushOutcome:
     """One rank's part of a weight push.
@@ -108,10 +116,30 @@ class PushOutcome:
     count: tensors this rank's export produced.
     error: the sender's failure (a server refused or died), raised only after this rank's export
         ran to its end in step with the other ranks: the agent's world is still usable.
+    part: what the export covered: "all" (the whole model), "stage<k>" (pipeline stage k's share),
+        None (this rank took no part). Ranks of one part produce the same tensors.
+    bytes_held: bytes of the HF tensors this rank's export produced (what passed through it).
+    bytes_sent: bytes this rank broadcast to the engines.
     """
 
     count: int
     error: BaseException | None = None
+    part: str | None = "all"
+    bytes_held: int = 0
+    bytes_sent: int = 0
+
+
+def push_total(outcomes: Sequence[PushOutcome]) -> int | None:
+    """Tensors pushed by the ranks together: the count of each part (the whole model, or each
+    pipeline stage) summed over the parts; None when ranks of one part disagree (their streams
+    diverged: the world is out of step)."""
+    counts: dict[str, set[int]] = {}
+    for o in outcomes:
+        if o.part is not None:
+            counts.setdefault(o.part, set()).add(o.count)
+    if any(len(c) != 1 for c in counts.values()):
+        return None
+    return sum(next(iter(c)) for c in counts.values())
 
 
 class _WatchedStream(Iterator[tuple[str, torch.Tensor]]):
@@ -120,6 +148,7 @@ class _WatchedStream(Iterator[tuple[str, torch.Tensor]]):
     def __init__(self, stream: Iterator[tuple[str, torch.Tensor]]) -> None:
         self._stream = stream
         self.count = 0
+        self.bytes = 0
         self.failed = False
 
     def __next__(self) -> tuple[str, torch.Tensor]:
@@ -131,6 +160,7 @@ class _WatchedStream(Iterator[tuple[str, torch.Tensor]]):
             self.failed = True
             raise
         self.count += 1
+        self.bytes += item[1].numel() * item[1].element_size()
         return item
 
 
@@ -257,18 +287,29 @@ class RankWorker:
         """
         if self._sender is None:
             raise RuntimeError(f"agent {self.agent_name!r}: push_weights before open_weight_sender")
-        stream = _WatchedStream(iter(self._local.export_hf_weights()))
+        sender = self._sender
+        stream = _WatchedStream(iter(self._sender_export(getattr(sender, "export", "all"))))
+        error: BaseException | None = None
         try:
-            self._sender.push(stream, engines, version)
-        except Exception as error:  # noqa: BLE001  (returned to the controller, which raises it)
+            sender.push(stream, engines, version)
+        except Exception as e:  # noqa: BLE001  (returned to the controller, which raises it)
             if stream.failed:
                 raise
-            for _ in stream:  # the export's remaining collectives, in step with the other ranks
-                pass
-            return PushOutcome(stream.count, error)
-        for _ in stream:  # a sender that stopped early must still leave the world in step
-            pass
-        return PushOutcome(stream.count)
+            error = e
+        for _ in stream:  # the export's remaining collectives, in step with the other ranks (also after a
+            pass  # failure, or when a sender stopped early)
+        return PushOutcome(stream.count, error, getattr(sender, "part", "all"), stream.bytes,
+                           int(getattr(sender, "last_bytes_sent", 0)))
+
+    def _sender_export(self, export: str) -> Iterator[tuple[str, torch.Tensor]]:
+        if export == "stage":
+            return self._local.export_stage_hf_weights()
+        if export == "none":
+            return iter(())
+        if export != "all":
+            raise ValueError(f"agent {self.agent_name!r}: a weight sender asked for export {export!r}, not one of "
+                             f"{EXPORTS}")
+        return self._local.export_hf_weights()
 
     def close_weight_sender(self) -> None:
         sender, self._sender = self._sender, None

@@ -154,7 +154,7 @@ class HFEngineConfig:
 
     max_batch_size: int = 64  # sequences per generate call (a call's prompts × n are split into chunks)
 
-    def auto_weight_sync(self, colocate: bool) -> str:
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
         """``rollout.weight_sync: auto``: the engine copies the trainer's tensors into its model in place."""
         return "inprocess"
 
@@ -193,10 +193,11 @@ class SGLangConfig:
     # the server's environment (docs/engines.md: .ci/sglang.sh install); SGLang's own CPU kernels are not used
     cpu: bool = False
 
-    def auto_weight_sync(self, colocate: bool) -> str:
-        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast; a
-        folder on the shared filesystem for colocated servers on the trainer ranks' nodes (``placement:
-        ray``), which CUDA IPC from the controller's node does not reach."""
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
+        """``rollout.weight_sync: auto``: CUDA IPC for servers on the trainer's GPUs, else a broadcast (from
+        every pipeline stage of a Ray agent at once, docs/weight_sync.md; gloo on CPU); a folder on the
+        shared filesystem for colocated servers on the trainer ranks' nodes (``placement: ray``), which CUDA
+        IPC from the controller's node does not reach."""
         if colocate:
             return "disk" if self.placement == "ray" else "tensor"
         return "distributed"
@@ -228,9 +229,12 @@ class VLLMConfig:
     python: str = ""  # interpreter that runs vLLM's api_server (vLLM in its own venv, e.g. .venv-vllm/bin/python
     # or the image's /opt/vllm/bin/python). Empty: $HACRL_VLLM_PYTHON if set, else this Python
 
-    def auto_weight_sync(self, colocate: bool) -> str:
-        """``rollout.weight_sync: auto``: a folder the server reloads (the one transport vLLM has on CPU)."""
-        return "disk"
+    def auto_weight_sync(self, colocate: bool, *, ray_agent: bool = False, cuda: bool = False) -> str:
+        """``rollout.weight_sync: auto``: for a Ray agent's separate GPU servers, vLLM's NCCL transfer from
+        the trainer's ranks (each pipeline stage its own share, docs/weight_sync.md): no copy through the
+        object store and the filesystem each step; else a folder the server reloads (the one transport
+        vLLM has on CPU, and what a local agent, whose weights are in the controller, writes)."""
+        return "distributed" if ray_agent and cuda and not colocate else "disk"
 
 
 @dataclass
@@ -259,8 +263,9 @@ class RolloutConfig:
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     weight_sync: str = "auto"  # trainer → engine transport: inprocess (hf: copy into the engine's model) |
     # disk (a safetensors folder every engine reloads; hf, sglang, vllm) | tensor (CUDA IPC; sglang, vllm, needs
-    # colocate) | distributed (NCCL broadcast from trainer rank 0 to every engine rank; sglang, vllm) |
-    # auto (hf: inprocess; sglang: tensor when colocate, else distributed; vllm: disk)
+    # colocate) | distributed (bucketed NCCL broadcast to every engine rank from trainer rank 0, or with PP > 1 from
+    # each pipeline stage's first rank, its own stage's share; gloo on CPU; sglang, vllm) | auto (hf: inprocess;
+    # sglang: tensor when colocate, else distributed; vllm: distributed for a Ray agent on GPUs, else disk)
     weight_sync_bucket_mb: int = 512  # tensor/distributed sync: MiB per bucket (two buckets in flight)
     colocate: bool = False  # SGLang / vLLM engines share the trainer's GPUs: they release their memory while the
     # trainer trains and resume it for the sync (servers start with --enable-memory-saver / --enable-sleep-mode)

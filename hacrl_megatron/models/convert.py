@@ -2,10 +2,12 @@
 
 Import (:func:`load_hf_weights`): every rank walks its own parameters and reads from the HF
 checkpoint only the rows/columns of its shard (``safe_open(...).get_slice``), one tensor at a time,
-so a 70B model never sits whole in one rank's memory. Export (:func:`export_hf_weights`): one
-parameter at a time, the owning pipeline stage gathers the TP shards, turns them into HF tensors
-(full size, unpadded vocab) and broadcasts them to the other stages; every rank yields the same
-``(hf_name, tensor)`` stream, which is what rollout engines receive (docs/architecture.md, "Engines speak HF names").
+so a 70B model never sits whole in one rank's memory. Export (``models/export.py``:
+``export_hf_weights``): one parameter at a time, the owning pipeline stage gathers the TP shards, turns
+them into HF tensors (full size, unpadded vocab, :func:`_to_hf`) and broadcasts them to the other
+stages; every rank yields the same ``(hf_name, tensor)`` stream, which is what rollout engines receive
+(docs/architecture.md, "Engines speak HF names"). ``export.export_stage_hf_weights`` yields one stage's
+share on that stage only (the stage-parallel weight sync, ``sync/stages.py``).
 
 Layout facts this relies on (megatron-core GPTModel, local and TE specs):
 
@@ -39,12 +41,9 @@ from typing import Any
 import torch
 
 from hacrl_megatron.config.layout import layer_offset as _stage_offset
-from hacrl_megatron.config.layout import pipeline_layers
 from hacrl_megatron.errors import InputError
 from hacrl_megatron.models.convert_moe import (
     FusedExpertSource,
-    expand_expert_suffixes,
-    local_expert_suffix,
     moe_hf_shape,
     moe_layer_rule,
 )
@@ -375,78 +374,6 @@ def _to_hf(spec: ArchSpec, plan: Plan, shards: list[torch.Tensor]) -> list[torch
         k.append(grouped[:, qpg * d : (qpg + 1) * d].reshape(-1, *rest))
         v.append(grouped[:, (qpg + 1) * d :].reshape(-1, *rest))
     return [torch.cat(q), torch.cat(k), torch.cat(v)]
-
-
-def _export_order(spec: ArchSpec, model: Any, pp: int, ep: int = 1) -> list[tuple[int, str, int | None]]:
-    """(owning pipeline stage, stage-local Megatron name, global expert or None) for every exported
-    parameter, in HF order; an expert's name carries its expert-local index on its owning EP rank."""
-    split = pipeline_layers(spec.num_layers, pp)
-    own = [n for n, _ in unwrap(model).named_parameters()]
-    first = min(int(m.group(1)) for m in map(_LAYER.match, own) if m)
-    layer_suffixes = [m.group(2) for m in map(_LAYER.match, own) if m and int(m.group(1)) == first]
-    per_layer = expand_expert_suffixes(spec, layer_suffixes, ep)
-    order: list[tuple[int, str, int | None]] = [(0, "embedding.word_embeddings.weight", None)]
-    for stage, count in enumerate(split):
-        for i in range(count):
-            order += [(stage, f"decoder.layers.{i}.{local_expert_suffix(s, e, spec, ep)}", e) for s, e in per_layer]
-    order.append((pp - 1, "decoder.final_layernorm.weight", None))
-    if not spec.tie_embeddings:
-        order.append((pp - 1, "output_layer.weight", None))
-    return order
-
-
-def _gather(local: torch.Tensor, size: int, group: Any) -> list[torch.Tensor]:
-    """The ``size`` shards of ``local`` over ``group``, in rank order (no copy when size is 1)."""
-    import torch.distributed as dist
-
-    if size == 1:
-        return [local]
-    shards = [torch.empty_like(local) for _ in range(size)]
-    dist.all_gather(shards, local.contiguous(), group=group)
-    return shards
-
-
-@torch.no_grad()
-def export_hf_weights(model: Any, spec: ArchSpec) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield ``(hf_name, full tensor)`` for the whole model, one parameter at a time, on every rank.
-
-    Collective over the agent's TP, PP (and, for MoE, expert) groups: every rank of the agent must
-    iterate the stream to the end in step. Tensors are fresh (not views of parameters), on this
-    rank's device, with the HF (unpadded) vocabulary, all in the checkpoint dtype ``spec.dtype``:
-    megatron-core keeps some parameters in float32 whatever ``params_dtype`` says (the RMSNorm
-    weights of the local spec), and a bfloat16 checkpoint must come back bfloat16 in every tensor,
-    as its config says. An expert is gathered over ETP on its EP rank, then broadcast over EP.
-    """
-    import torch.distributed as dist
-    from megatron.core import parallel_state as mpu
-
-    tp, pp = mpu.get_tensor_model_parallel_world_size(), mpu.get_pipeline_model_parallel_world_size()
-    ep = mpu.get_expert_model_parallel_world_size() if spec.is_moe else 1
-    etp = mpu.get_expert_tensor_parallel_world_size() if spec.is_moe else 1
-    ep_rank = mpu.get_expert_model_parallel_rank() if spec.is_moe else 0
-    stage = mpu.get_pipeline_model_parallel_rank()
-    params = dict(unwrap(model).named_parameters())
-    device = next(iter(params.values())).device
-    dtype = DTYPES[spec.dtype]
-    for owner, name, expert in _export_order(spec, model, pp, ep):
-        holder = 0 if expert is None else expert // (spec.num_experts // ep)  # EP rank holding the expert
-        plan = plan_for(spec, name, layer_offset(spec, owner, pp), holder * (spec.num_experts // ep))
-        if owner == stage and (expert is None or holder == ep_rank):
-            local = params[name].detach()
-            if plan.split == "etp":
-                shards = _gather(local, etp, mpu.get_expert_tensor_parallel_group() if etp > 1 else None)
-            else:
-                shards = _gather(local, tp, mpu.get_tensor_model_parallel_group() if tp > 1 else None)
-            tensors = [t.to(dtype) for t in _to_hf(spec, plan, shards)]  # no copy when already `dtype`
-            del shards, local  # the gathered copies must not live on while the consumer holds the output
-        else:
-            tensors = [torch.empty(hf_shape(spec, n), dtype=dtype, device=device) for n in plan.hf_names]
-        for hf_name, tensor in zip(plan.hf_names, tensors):
-            if expert is not None and ep > 1 and owner == stage:
-                dist.broadcast(tensor, group=mpu.get_expert_model_parallel_group(), group_src=holder)
-            if pp > 1:
-                dist.broadcast(tensor, group=mpu.get_pipeline_model_parallel_group(), group_src=owner)
-            yield hf_name, tensor
 
 
 def save_hf_checkpoint(

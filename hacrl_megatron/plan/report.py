@@ -14,7 +14,15 @@ from hacrl_megatron.plan.memory import (
 )
 from hacrl_megatron.plan.params import rank_params
 from hacrl_megatron.plan.search import AgentPlan, Cluster
-from hacrl_megatron.plan.timing import SCHEDULE, STAGES, Assumptions
+from hacrl_megatron.plan.timing import (
+    MEASURED_SYNC_S_PER_GB,
+    MEASURED_SYNC_SOURCE,
+    SCHEDULE,
+    STAGES,
+    Assumptions,
+    sync_bandwidth_gb_s,
+    sync_bandwidth_source,
+)
 
 if TYPE_CHECKING:
     from hacrl_megatron.plan.experiment import ExperimentPlan
@@ -148,11 +156,20 @@ def _logits(p: AgentPlan, last: Any) -> dict[str, Any]:
             "saved_by_fused_kernel": _gib(last.logits_avoided)}
 
 
+SYNC_TRANSPORTS = ("tensor", "distributed", "disk")
+
+
 def assumptions_dict(a: Assumptions, cluster: Cluster) -> dict[str, Any]:
+    """The plan's constants; ``sync``: the bandwidth each weight-sync transport is assumed to reach
+    (``bandwidth_gb_s``, what ``time_s.sync_transfer_s`` divides by), where that comes from, and
+    what the package measured of its own push (seconds per GB on gloo over loopback, CPU)."""
     g = cluster.gpu
+    sync = {"bandwidth_gb_s": {t: sync_bandwidth_gb_s(t, g, a) for t in SYNC_TRANSPORTS},
+            "bandwidth_source": {t: sync_bandwidth_source(t, g, a) for t in SYNC_TRANSPORTS},
+            "measured_s_per_gb": dict(MEASURED_SYNC_S_PER_GB), "measured_source": MEASURED_SYNC_SOURCE}
     return {"time": a.as_dict(), "gpu": {"name": g.name, "bf16_tflops": g.bf16_tflops, "hbm_gbps": g.hbm_gbps,
                                         "nvlink_gbps": g.nvlink_gbps, "network_gbps_per_gpu": g.network_gbps},
-            "memory": list(ACCOUNTING), "vocab_padding": VOCAB_RULE}
+            "memory": list(ACCOUNTING), "vocab_padding": VOCAB_RULE, "sync": sync}
 
 
 def text_table(agents: list[dict[str, Any]]) -> str:
@@ -192,9 +209,11 @@ def render_text(obj: dict[str, Any]) -> str:
                          f"{lg['last_stage_activations_with_fused_kernel']:.2f} GiB of activations)")
         if "rollout" in a:
             r = a["rollout"]
+            sync = obj["assumptions"]["sync"]
             lines.append(f"  rollout: {r['engines']} x TP{r['engine_tp']} engine(s), {r['colocation']}, "
                          f"{r['mem_fraction']:g} of each GPU: weights {r['weights_gib']:.1f} GiB, KV cache "
-                         f"{r['kv_cache_gib']:.1f} GiB = {r['kv_tokens']:,} tokens; sync by {r['transport']}")
+                         f"{r['kv_cache_gib']:.1f} GiB = {r['kv_tokens']:,} tokens; sync by {r['transport']} at "
+                         f"{sync['bandwidth_gb_s'][r['transport']]:g} GB/s ({sync['bandwidth_source'][r['transport']]})")
         t = a["time_s"]
         if t:
             lines.append("  time (s): " + ", ".join(f"{k}={v:.3g}" if isinstance(v, float) else f"{k}={v}"
@@ -208,6 +227,12 @@ def render_text(obj: dict[str, Any]) -> str:
     g = obj["assumptions"]["gpu"]
     lines.append(f"  - GPU {g['name']}: {g['bf16_tflops']:g} TFLOP/s bf16 dense, {g['hbm_gbps']:g} GB/s HBM, "
                  f"NVLink {g['nvlink_gbps']:g} GB/s, network {g['network_gbps_per_gpu']:g} GB/s per GPU")
+    sync = obj["assumptions"]["sync"]
+    measured = sync["measured_s_per_gb"]
+    lines.append("  - weight sync bandwidth (assumed, not measured on GPUs): " + ", ".join(
+        f"{t} {sync['bandwidth_gb_s'][t]:g} GB/s" for t in SYNC_TRANSPORTS) + "; measured of the package's own push: "
+        f"{measured['stages_gloo_cpu']:g} s/GB from every pipeline stage, {measured['rank0_funnel_gloo_cpu']:g} s/GB "
+        f"through rank 0 ({sync['measured_source']})")
     for note in obj.get("notes", []):
         lines.append(f"  - note: {note}")
     if obj.get("overrides"):

@@ -37,6 +37,7 @@ from hacrl_megatron.plan.timing import (
     Tokens,
     probe_seconds,
     rollout_seconds,
+    sync_bandwidth_gb_s,
     sync_seconds,
     train_seconds,
 )
@@ -202,11 +203,12 @@ def _times(a: AgentWork, layout: Layout, gpu: GPU, rollout: Rollout | None, eng:
     gspo2 = rollout_seconds(a.spec, eng, engines, gpu, 2 * a.tokens.prompts * a.tokens.samples, a.tokens,
                             assumptions)
     transfer = sync_seconds(a.spec, rollout.transport, gpu, assumptions)
+    bandwidth = sync_bandwidth_gb_s(rollout.transport, gpu, assumptions)
     probe = probe_seconds(a.spec, layout, rollout.engine_tp, gpu, a.tokens, assumptions)
     times.update(rollout_s=hacpo["seconds"], gspo_x2_rollout_s=gspo2["seconds"],
                  decode_tokens_per_s_per_engine=hacpo["decode_tokens_per_s_per_engine"],
                  decode_concurrency=hacpo["concurrency"], decode_steps=hacpo["decode_steps"],
-                 sync_s=transfer + probe, sync_transfer_s=transfer, probe_s=probe)
+                 sync_s=transfer + probe, sync_transfer_s=transfer, sync_bandwidth_gb_s=bandwidth, probe_s=probe)
     return times
 
 

@@ -23,8 +23,10 @@ First-order models, every constant in :class:`Assumptions` and printed with the 
 * re-tokenisation: the controller decodes and re-encodes every cross response whose source uses a
   different tokenizer, at a stated cost per response token, once for the learner batch and once more
   for the π_old pass over others' responses;
-* weight sync: the bf16 HF weights once per step over the transport's link at a stated efficiency,
-  then the probe (one sequence through the trainer and the engine, :func:`probe_seconds`);
+* weight sync: the bf16 HF weights once per step over the transport's link at a stated efficiency
+  (:func:`sync_bandwidth_gb_s`, an assumption printed with its source next to what the package
+  measured of its own push on CPU, :data:`MEASURED_SYNC_S_PER_GB`), then the probe (one sequence
+  through the trainer and the engine, :func:`probe_seconds`);
 * checkpoint and export (:func:`checkpoint_seconds`, :func:`export_seconds`): bytes over the shared
   filesystem's bandwidth, per checkpoint and once at the end; not part of a step.
 
@@ -204,17 +206,45 @@ def rollout_seconds(spec: ArchSpec, eng: EngineMemory, engines: int, gpu: GPU, s
             "decode_steps": steps, "step_ms": step * 1e3, "bandwidth_bound": step_bw >= step_flops}
 
 
+# What the package measured of its own weight push, next to the bandwidths the plan assumes: seconds per GB
+# of bf16 weights on gloo over loopback on the CPU machine kind (2 shared cores), a TP2·PP2 trainer world into
+# one stand-in SGLang server (benchmarks/bench_weight_sync.py --stages, docs/weight_sync.md). Not a GPU link:
+# it bounds the code's own overheads, and shows the stage-parallel push ahead of the rank-0 funnel.
+MEASURED_SYNC_S_PER_GB = {"stages_gloo_cpu": 3.62, "rank0_funnel_gloo_cpu": 5.86}
+MEASURED_SYNC_SOURCE = ("benchmarks/bench_weight_sync.py --stages: TP2·PP2 gloo world over loopback on a 2-core CPU "
+                        "machine into one stand-in SGLang server, 0.34 GB bf16 in 64 MiB buckets")
+
+
+def sync_bandwidth_gb_s(transport: str, gpu: GPU, a: Assumptions) -> float:
+    """The bandwidth (GB/s of bf16 HF weights) the plan assumes for one weight push by ``transport``:
+    ``tensor`` over NVLink, ``distributed`` over the slower of the network and NVLink (every engine
+    rank receives the whole model: from rank 0, or from each pipeline stage's sender in turn), both at
+    ``link_efficiency``; ``disk``: written and read back at ``disk_gbps``."""
+    if transport == "tensor":
+        return gpu.nvlink_gbps * a.link_efficiency
+    if transport == "distributed":
+        return min(gpu.network_gbps, gpu.nvlink_gbps) * a.link_efficiency
+    if transport == "disk":
+        return a.disk_gbps / 2
+    raise ValueError(f"weight sync transport {transport!r}: must be tensor, distributed or disk")
+
+
+def sync_bandwidth_source(transport: str, gpu: GPU, a: Assumptions) -> str:
+    """Where :func:`sync_bandwidth_gb_s` comes from, in words (printed with the plan)."""
+    if transport == "tensor":
+        return f"assumed: {gpu.name} NVLink {gpu.nvlink_gbps:g} GB/s x link_efficiency {a.link_efficiency:g}"
+    if transport == "distributed":
+        return (f"assumed: min(network {gpu.network_gbps:g}, NVLink {gpu.nvlink_gbps:g}) GB/s per GPU x "
+                f"link_efficiency {a.link_efficiency:g}")
+    return f"assumed: disk_gbps {a.disk_gbps:g} GB/s, written then read"
+
+
 def sync_seconds(spec: ArchSpec, transport: str, gpu: GPU, a: Assumptions) -> float:
     """Weight sync of the bf16 HF weights: ``tensor`` (colocated, CUDA IPC over NVLink-gathered
-    shards), ``distributed`` (NCCL broadcast to engines on other nodes), ``disk`` (write + read)."""
-    nbytes = spec.num_parameters() * 2
-    if transport == "tensor":
-        return nbytes / (gpu.nvlink_gbps * 1e9 * a.link_efficiency)
-    if transport == "distributed":
-        return nbytes / (min(gpu.network_gbps, gpu.nvlink_gbps) * 1e9 * a.link_efficiency)
-    if transport == "disk":
-        return 2 * nbytes / (a.disk_gbps * 1e9)
-    raise ValueError(f"weight sync transport {transport!r}: must be tensor, distributed or disk")
+    shards), ``distributed`` (NCCL broadcast to engines on other nodes), ``disk`` (write + read),
+    each at :func:`sync_bandwidth_gb_s` (assumed, not measured on GPUs: :data:`MEASURED_SYNC_S_PER_GB`
+    is what the package measured on CPU)."""
+    return spec.num_parameters() * 2 / (sync_bandwidth_gb_s(transport, gpu, a) * 1e9)
 
 
 def verify_seconds(tok: Tokens, workers: int, a: Assumptions) -> float:

@@ -274,9 +274,13 @@ def check_cpu_settings(colocate: bool, weight_sync: str) -> None:
                          "only; use rollout.weight_sync=disk (or auto) on CPU")
 
 
-def resolved_weight_sync(r: Any) -> str:
-    """``rollout.weight_sync`` with auto resolved by ``rollout.vllm`` (the flags depend on it)."""
-    return r.weight_sync if r.weight_sync != "auto" else r.vllm.auto_weight_sync(r.colocate)
+def resolved_weight_sync(r: Any, ray_agent: bool = False) -> str:
+    """``rollout.weight_sync`` with auto resolved by ``rollout.vllm`` for an agent (``ray_agent``: its ranks
+    are Ray actors) as ``sync/push.py`` resolves it (the flags depend on it)."""
+    import torch
+
+    return r.weight_sync if r.weight_sync != "auto" else r.vllm.auto_weight_sync(
+        r.colocate, ray_agent=ray_agent, cuda=torch.cuda.is_available())
 
 
 def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tokenizer: Any,
@@ -289,7 +293,7 @@ def start_engines(exp: ExperimentConfig, agent_cfg: AgentConfig, model: Any, tok
     import torch
 
     r, v = exp.rollout, exp.rollout.vllm
-    on_cpu, mode = not torch.cuda.is_available(), resolved_weight_sync(r)
+    on_cpu, mode = not torch.cuda.is_available(), resolved_weight_sync(r, agent_cfg.uses_ray_workers)
     if on_cpu:
         check_cpu_settings(r.colocate, mode)
         check_cpu_head_size(agent_cfg.name, hf_config if hf_config is not None else model_hf_config(model))

@@ -10,7 +10,9 @@ client carries them out):
 - :class:`~hacrl_megatron.sync.tensor.TensorTransport`: CUDA IPC handles
   (``update_weights_from_tensor``), for engines colocated on the trainer's GPUs;
 - :class:`~hacrl_megatron.sync.distributed.DistributedTransport`: broadcast over one process
-  group of trainer rank 0 + every engine rank (``update_weights_from_distributed``).
+  group of trainer rank 0 + every engine rank (``update_weights_from_distributed``);
+- :class:`~hacrl_megatron.sync.stages.StageTransport`: the same from every pipeline stage of a Ray
+  agent, each stage's first rank over a group of its own, sending only its stage's tensors.
 
 The in-process HF engine needs none of them by default: it copies the tensors itself
 (``HFEngine.sync_from``). ``sync/push.py`` builds the transport the configuration names.

@@ -23,7 +23,8 @@ it gives every rank a :class:`RankSender` (rank 0's holds a transport), so train
 is group rank 0, the group's master address is on rank 0's node, and rank 0 also sends the
 per-bucket requests (they carry the bucket's names and shapes, which only rank 0 knows, and each
 blocks on the engine while that bucket's broadcast runs). The controller only starts the push; no
-tensor passes through it.
+tensor passes through it. A Ray agent with PP > 1 pushes from every stage instead
+(``sync/stages.py``: one group per stage, the stages' senders taking turns, :class:`BucketTurns`).
 
 The group is created through each engine's ``init_weights_update_group`` (for SGLang: its
 rendezvous, ``init_method = tcp://master:port``, the store prefixed by the group name, torch's
@@ -34,6 +35,7 @@ creates a new one.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import itertools
 import os
@@ -75,6 +77,50 @@ _GROUP_IDS = itertools.count()
 ABANDON_GRACE_S = 30.0  # a failed push: how long the other members get to finish or leave the group
 
 
+@runtime_checkable
+class BucketTurns(Protocol):
+    """Turns on the engines shared by several senders (``sync/stages.py``: one per pipeline stage).
+
+    An engine takes one weight request at a time, and every engine of the agent is a member of
+    every sender's group: two senders' buckets on the wire at once could leave engine A in one
+    group's broadcast waiting for engine B while B waits in the other for A. A sender therefore
+    holds a turn while its group forms and while each of its buckets is on the wire; it prepares
+    its next bucket outside the turn."""
+
+    def acquire(self) -> None:
+        """Wait for this sender's turn (no-op while it holds one)."""
+
+    def release(self) -> None:
+        """Give the turn to the next sender waiting (no-op while it holds none)."""
+
+
+class _NoTurns:
+    """The engines' only sender: always its turn."""
+
+    def acquire(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+
+NO_TURNS = _NoTurns()
+
+
+def check_answering(engines: Sequence[BroadcastWeightLoader], group_name: str) -> None:
+    """Raise :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` naming the engines that
+    fail their health check.
+
+    A member that cannot take part would leave the others blocked in the rendezvous or in a
+    bucket's broadcast (a real server's scheduler with them) until the group's timeout; a
+    server dying during the push itself still does that.
+    """
+    down = [e.base_url for e, up in zip(engines, on_all(engines, lambda e: bool(e.health()))) if not up]
+    if down:
+        raise EngineUnreachable(f"weight group {group_name!r}: {', '.join(down)} fail(s) the health "
+                                "check; not broadcasting to a group that cannot complete")
+
+
 @dataclass
 class _InFlight:
     requests: list[DaemonCall]
@@ -100,6 +146,10 @@ class DistributedTransport:
             are, for a group opened elsewhere (a Ray agent's rank 0); other engines are read here.
             An nccl group opens only when every known version equals this process's
             (``sync/nccl_version.py``).
+        sessions: open every engine's weight-update session around the push (False: whoever runs
+            the push holds them, as the controller of a stage-parallel push does, ``sync/stages.py``).
+        turns: held while this transport's group forms and while each of its buckets is on the wire
+            (:class:`BucketTurns`); None: this transport is the engines' only sender.
     """
 
     name = "distributed"
@@ -107,7 +157,8 @@ class DistributedTransport:
 
     def __init__(self, bucket_bytes: int = 512 << 20, *, backend: str = "auto", group_name: str = "hacrl_weights",
                  master_address: str | None = None, timeout_s: float = 600.0, ranks: RankSource | None = None,
-                 engine_nccl: dict[str, Version | None] | None = None) -> None:
+                 engine_nccl: dict[str, Version | None] | None = None, sessions: bool = True,
+                 turns: BucketTurns | None = None) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"DistributedTransport: bucket_bytes={bucket_bytes} must be >= 1")
         if backend not in ("auto", "nccl", "gloo"):
@@ -125,6 +176,8 @@ class DistributedTransport:
         self.ranks = ranks
         self.engine_nccl = dict(engine_nccl or {})
         self._senders_open = False  # the ranks hold this transport's senders (opened at the first push)
+        self.sessions = sessions
+        self.turns: BucketTurns = turns or NO_TURNS
         self.buckets_sent = 0
         self.bytes_sent = 0
 
@@ -194,17 +247,7 @@ class DistributedTransport:
         return False
 
     def _check_answering(self, engines: Sequence[BroadcastWeightLoader]) -> None:
-        """Raise :class:`~hacrl_megatron.rollout.protocol.EngineUnreachable` naming the engines that
-        fail their health check.
-
-        A member that cannot take part would leave the others blocked in the rendezvous or in a
-        bucket's broadcast (a real server's scheduler with them) until the group's timeout; a
-        server dying during the push itself still does that.
-        """
-        down = [e.base_url for e, up in zip(engines, on_all(engines, lambda e: bool(e.health()))) if not up]
-        if down:
-            raise EngineUnreachable(f"weight group {self.group_name!r}: {', '.join(down)} fail(s) the health "
-                                    "check; not broadcasting to a group that cannot complete")
+        check_answering(engines, self.group_name)
 
     # ---- one push --------------------------------------------------------------------------
     def _launch(self, engines: Sequence[BroadcastWeightLoader], flat: torch.Tensor, meta: dict[str, list],
@@ -292,21 +335,28 @@ class DistributedTransport:
                                  "tensors from elsewhere need a transport built without ranks")
             return self._push_from_ranks(engines, version)
         self._check_answering(engines)
-        self._ensure_group(engines)
-        count, inflight = 0, None
-        # every engine's session opens before the first broadcast starts (a server refuses a bucket
-        # outside it) and closes after the last, also when one failed
-        with weight_update_session(engines):
-            for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
-                flat, meta = flatten_bucket(bucket, self.device)  # gathering this bucket overlapped the last broadcast
+        try:
+            self.turns.acquire()  # every engine joins this group: no other sender's group may form or send meanwhile
+            self._ensure_group(engines)
+            self.turns.release()
+            count, inflight = 0, None
+            # every engine's session opens before the first broadcast starts (a server refuses a bucket
+            # outside it) and closes after the last, also when one failed
+            with weight_update_session(engines) if self.sessions else contextlib.nullcontext():
+                for bucket, last in with_last(buckets(named_tensors, self.bucket_bytes)):
+                    flat, meta = flatten_bucket(bucket, self.device)  # gathering this bucket overlapped the last broadcast
+                    if inflight is not None:
+                        self._finish(inflight)
+                        self.turns.release()
+                    self.turns.acquire()
+                    inflight = self._launch(engines, flat, meta, last, version)
+                    count += len(bucket)
+                    self.buckets_sent += 1
+                    self.bytes_sent += sum(tensor_bytes(t) for _, t in bucket)
                 if inflight is not None:
                     self._finish(inflight)
-                inflight = self._launch(engines, flat, meta, last, version)
-                count += len(bucket)
-                self.buckets_sent += 1
-                self.bytes_sent += sum(tensor_bytes(t) for _, t in bucket)
-            if inflight is not None:
-                self._finish(inflight)
+        finally:
+            self.turns.release()
         if count == 0:
             raise ValueError("DistributedTransport.push: no tensors given")
         return count
@@ -388,9 +438,14 @@ class RankSender:
     None (:func:`push_from_rank`). Lives on its rank between pushes, so the group persists."""
 
     transport: DistributedTransport | None
+    last_bytes_sent: int = 0  # bucket bytes this rank broadcast in its last push (rank 0: the whole model)
 
     def push(self, named_tensors: NamedTensors, engines: Sequence[BroadcastWeightLoader], version: int) -> int:
-        return push_from_rank(named_tensors, self.transport, engines, version)
+        before = self.transport.bytes_sent if self.transport is not None else 0
+        try:
+            return push_from_rank(named_tensors, self.transport, engines, version)
+        finally:
+            self.last_bytes_sent = self.transport.bytes_sent - before if self.transport is not None else 0
 
     def close(self) -> None:
         if self.transport is not None:

@@ -95,13 +95,15 @@ class VLLMNCCLTransport:
         engine_nccl: the engines' NCCL versions ({base_url: version}) read where their server handles
             are (the controller, for a Ray agent's rank 0); the group opens only when they equal this
             process's (``sync/nccl_version.py``).
+        updates: bracket each push with ``start_weight_update`` … ``finish_weight_update`` (False: the
+            caller does, around several senders' pushes, ``sync/vllm_stages.py``).
     """
 
     name = "distributed"
     engine_protocol = WeightTransferReceiver
 
     def __init__(self, bucket_bytes: int = 512 << 20, *, timeout_s: float = 600.0, ranks: Any | None = None,
-                 engine_nccl: dict[str, Version | None] | None = None) -> None:
+                 engine_nccl: dict[str, Version | None] | None = None, updates: bool = True) -> None:
         if bucket_bytes < 1:
             raise ValueError(f"VLLMNCCLTransport: bucket_bytes={bucket_bytes} must be >= 1")
         self.bucket_bytes = bucket_bytes
@@ -112,6 +114,7 @@ class VLLMNCCLTransport:
         self._members: list[WeightTransferReceiver] = []
         self._stale = False
         self._senders_open = False
+        self.updates = updates
         self.chunks_sent = 0
         self.bytes_sent = 0
 
@@ -177,14 +180,16 @@ class VLLMNCCLTransport:
         count = 0
         try:
             self._ensure_group(engines)
-            on_all(engines, lambda e: e.start_weight_update())
+            if self.updates:
+                on_all(engines, lambda e: e.start_weight_update())
             with ThreadPoolExecutor(max_workers=len(engines), thread_name_prefix="vllm-nccl") as pool:
                 for chunk in packed_chunks(named_tensors, self.bucket_bytes):
                     self._send_chunk(pool, engines, chunk)
                     count += len(chunk)
             if count == 0:
                 raise ValueError("VLLMNCCLTransport.push: no tensors given")
-            on_all(engines, lambda e: e.finish_weight_update(version))
+            if self.updates:
+                on_all(engines, lambda e: e.finish_weight_update(version))
         except BaseException:
             self._stale = True  # a half-done update or a broken group: rebuilt at the next push
             raise

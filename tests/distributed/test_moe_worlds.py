@@ -72,6 +72,21 @@ def _run(agent) -> tuple[torch.Tensor, list[dict]]:
     return lp, metrics
 
 
+def _stage_export_matches(agent, exported: dict) -> dict:
+    """Every rank's stage export (sync/stages.py's stream; experts broadcast over EP within the stage)
+    against the full export: its tensors equal, and the stages' names together the whole state dict once."""
+    import torch.distributed as dist
+
+    own = dict(agent.export_stage_hf_weights())
+    per_rank: list = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, (agent.info.pp_rank, sorted(own), all(torch.equal(t, exported[n])
+                                                                             for n, t in own.items())))
+    by_stage = {stage: names for stage, names, _ in per_rank}
+    return {"equal": all(ok for *_, ok in per_rank),
+            "stages_agree": all(names == by_stage[stage] for stage, names, _ in per_rank),
+            "covers_once": sorted(n for names in by_stage.values() for n in names) == sorted(exported)}
+
+
 def _world(rank: int, layout: str, root: str) -> dict:
     _, _, tp, pp, dp, ep, etp, sp, _ = LAYOUTS[layout]
     refs = torch.load(os.path.join(root, f"refs_{layout}.pt"), weights_only=False)
@@ -80,6 +95,7 @@ def _world(rank: int, layout: str, root: str) -> dict:
     exported = dict(agent.export_hf_weights())
     saved = refs["saved"]
     identical = set(exported) == set(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
+    stages = _stage_export_matches(agent, exported)
     lp, metrics = _run(agent)
     stepped = dict(agent.export_hf_weights())
     agent.save(os.path.join(root, f"ck_{layout}"))
@@ -88,6 +104,7 @@ def _world(rank: int, layout: str, root: str) -> dict:
         "ep1_logprob_err": float((lp - refs["logprobs"]).abs().max()),
         "probe_err": float((probe[0] - refs["logprobs"][1]).abs()),
         "export_identical": identical,
+        "stage_export": stages,
         "step_err": max(float((t - refs["stepped"][n]).abs().max()) for n, t in stepped.items()),
         "metrics": metrics,
         "saved_logprobs": agent.sequence_logprobs(_batch())[0].tolist(),
@@ -120,6 +137,7 @@ def _check(layout: str, res: dict, root: str) -> None:
     assert res["ep1_logprob_err"] <= 1e-5, res
     assert res["probe_err"] <= 1e-5, res
     assert res["export_identical"], layout
+    assert res["stage_export"] == {"equal": True, "stages_agree": True, "covers_once": True}, layout
     assert res["step_err"] <= 1e-2 * LR, (layout, res["step_err"])  # Adam: ~lr per weight, 1% of it
     for got, want in zip(res["metrics"], refs["metrics"]):
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=1e-5), (layout, got, want)

@@ -117,3 +117,43 @@ def test_ray_agent_ranks_broadcast_into_the_servers_bit_identically(tmp_path):
     finally:
         pool.close()
         agent.close()
+
+
+def test_a_pp2_ray_agent_sends_from_both_stages_and_make_transport_picks_it(tmp_path):
+    """The stage-parallel path through real Ray actors (sync/stages.py): ``make_transport`` builds it for
+    a Ray agent with PP = 2, each stage's rank sends its own share, the servers hold the export."""
+    from hacrl_megatron.config import load_config
+    from hacrl_megatron.sync import make_transport
+    from hacrl_megatron.sync.stages import StageTransport
+
+    hf = make_tiny_hf("qwen2", os.path.join(tmp_path, "qwen2"), seed=5)
+    servers = [StandIn(_receiver) for _ in range(2)]
+    for s in servers:
+        s.start()
+    engines = [SGLangEngine(s.base_url, eos_token_id=0, server=s, name=f"engine{k}", timeout=120)
+               for k, s in enumerate(servers)]
+    agent = RayAgent.from_hf_model(agent_config("qwen2", pp=2, name="p"), hf, train_cfg=train_config(),
+                                   use_gpu=False, env_vars={"PYTHONWARNINGS": "ignore"})
+    rollout = load_config("cpu_demo", ["rollout.engine=sglang", "rollout.weight_sync=distributed",
+                                       "rollout.weight_sync_bucket_mb=1"]).rollout
+    transport = make_transport(rollout, "p", None, None, ranks=agent)
+    assert isinstance(transport, StageTransport) and transport.group_name == "hacrl_p"
+    pool = EnginePool(engines, transport, name="p")
+    try:
+        agent.train([sample_batch()], sft_loss)
+        assert sync_weights(agent, pool) == len(hf.state_dict())
+        exported = dict(agent.export_hf_weights())  # through Ray into this process: the reference
+        _assert_servers_hold(servers, exported)
+        total = sum(t.numel() * t.element_size() for t in exported.values())
+        outcomes = agent.push_outcomes
+        assert [o.part for o in outcomes] == ["stage0", "stage1"]
+        assert all(0 < o.bytes_sent == o.bytes_held < total for o in outcomes)
+        assert sum(o.bytes_sent for o in outcomes) == total
+        pids = [ray.get(w.node_info.remote())["pid"] for w in agent._workers]
+        for server in servers:
+            groups = sorted(r["group_name"] for p, r in server.log if p == "/init_weights_update_group")
+            assert [g.split("-")[:3] for g in groups] == [["hacrl_p", "stage0", str(pids[0])],
+                                                          ["hacrl_p", "stage1", str(pids[1])]]
+    finally:
+        pool.close()
+        agent.close()

@@ -72,3 +72,48 @@ def test_ray_agent_rank0_pushes_into_a_real_sglang_server(tmp_path, mode):
         if agent is not None:
             agent.close()
         ray.shutdown()
+
+
+def test_a_pp2_ray_agent_pushes_from_both_stages_into_a_real_sglang_server(tmp_path):
+    """sync/stages.py against the real server: one weight group per pipeline stage (SGLang keeps them by
+    name), each formed inside the server's weight-update session, buckets from both groups in turns, and
+    the server assembling the model from them. The agent's two ranks run on CPU (gloo), the server on GPU 0."""
+    import ray
+    from transformers import AutoModelForCausalLM
+
+    from hacrl_megatron.agents.ray_agent import RayAgent
+    from hacrl_megatron.rollout import EnginePool, SamplingParams, SGLangEngine
+    from hacrl_megatron.sync import sync_weights
+    from hacrl_megatron.sync.distributed import DistributedTransport
+    from hacrl_megatron.sync.stages import StageTransport
+    from tests.distributed.megatron_helpers import agent_config, train_config
+
+    folder, tok, prompts, server = _setup(tmp_path, gpu=0)
+    hf = AutoModelForCausalLM.from_pretrained(str(folder), dtype=torch.float32)
+    greedy_params = SamplingParams(temperature=0, max_new_tokens=32)
+    ray.init(num_cpus=4, include_dashboard=False)
+    agent = None
+    try:
+        agent = RayAgent.from_hf_model(agent_config("llama", str(folder), pp=2, name="s"), hf,
+                                       train_cfg=train_config(), use_gpu=False)
+        with server:
+            engine = SGLangEngine(server.base_url, eos_token_id=tok.eos_token_id, tokenizer=tok, server=server)
+            pool = EnginePool([engine], DistributedTransport(64 << 20, backend="gloo", group_name="gpu_st"), name="s")
+            try:
+                greedy = pool.generate(prompts, greedy_params)
+                broken = {k: (torch.zeros_like(v) if "mlp.down_proj" in k else v).to(torch.bfloat16)
+                          for k, v in hf.state_dict().items()}
+                pool.load_weights(broken.items())
+                assert pool.generate(prompts, greedy_params) != greedy
+                pool.transport.close()
+                pool.transport = StageTransport(16 << 20, backend="gloo", group_name="gpu_st", ranks=agent)
+                assert sync_weights(agent, pool) == len(hf.state_dict())  # each stage sends its own layers
+                assert [o.part for o in agent.push_outcomes] == ["stage0", "stage1"]
+                assert all(o.bytes_sent > 0 for o in agent.push_outcomes)
+                assert pool.generate(prompts, greedy_params) == greedy
+            finally:
+                pool.close()
+    finally:
+        if agent is not None:
+            agent.close()
+        ray.shutdown()

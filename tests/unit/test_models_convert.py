@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-from hacrl_megatron.models import convert  # noqa: E402
+from hacrl_megatron.models import convert, export  # noqa: E402
 from hacrl_megatron.models.provider import arch_from_hf, build_gpt_model  # noqa: E402
 from tests.distributed.megatron_helpers import ARCHS, VOCAB, make_tiny_hf, tiny_hf_config  # noqa: E402
 
@@ -63,7 +63,7 @@ def test_logits_equal_hf(world, tiny, arch):
 def test_hf_megatron_hf_is_bit_identical(world, tiny, arch, tmp_path):
     hf, path = tiny[arch]
     spec, model = _megatron(path)
-    exported = dict(convert.export_hf_weights(model, spec))
+    exported = dict(export.export_hf_weights(model, spec))
     expected = {k: v for k, v in hf.state_dict().items() if not (spec.tie_embeddings and k == "lm_head.weight")}
     assert set(exported) == set(expected)
     for name, tensor in exported.items():
@@ -71,7 +71,7 @@ def test_hf_megatron_hf_is_bit_identical(world, tiny, arch, tmp_path):
     # the written directory is save_pretrained-compatible and reloads to the same logits
     from transformers import AutoModelForCausalLM
 
-    files = convert.save_hf_checkpoint(convert.export_hf_weights(model, spec), hf.config, str(tmp_path / "out"))
+    files = convert.save_hf_checkpoint(export.export_hf_weights(model, spec), hf.config, str(tmp_path / "out"))
     assert files == ["config.json", "model.safetensors"]
     again = AutoModelForCausalLM.from_pretrained(str(tmp_path / "out"), dtype=torch.float32)
     ids = torch.arange(10).unsqueeze(0)
@@ -81,7 +81,7 @@ def test_hf_megatron_hf_is_bit_identical(world, tiny, arch, tmp_path):
 def test_sharded_writer_index(world, tiny, tmp_path):
     hf, path = tiny["qwen2"]
     spec, model = _megatron(path)
-    files = convert.save_hf_checkpoint(convert.export_hf_weights(model, spec), hf.config, str(tmp_path), max_shard_bytes=20_000)
+    files = convert.save_hf_checkpoint(export.export_hf_weights(model, spec), hf.config, str(tmp_path), max_shard_bytes=20_000)
     assert files[-1] == "model.safetensors.index.json" and len(files) > 3
     src = convert.SafetensorsSource(str(tmp_path))
     for name, tensor in hf.state_dict().items():
@@ -185,5 +185,5 @@ def test_transformer_engine_spec_matches_hf_on_gpu(tiny, arch):
         ours = model.eval()(ids, torch.arange(11, device="cuda").expand(2, -1), None).float().cpu()
         ref = hf(ids.cpu()).logits
     assert float((ours - ref).abs().max() / ref.abs().max()) <= 1e-4
-    for name, tensor in convert.export_hf_weights(model, spec):
+    for name, tensor in export.export_hf_weights(model, spec):
         assert torch.equal(tensor.cpu(), hf.state_dict()[name]), name

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 
 transformers = pytest.importorskip("transformers")
 
-from hacrl_megatron.models import convert  # noqa: E402
+from hacrl_megatron.models import convert, export  # noqa: E402
 from hacrl_megatron.models.convert_moe import fuse_experts  # noqa: E402
 from hacrl_megatron.models.provider import (  # noqa: E402
     ParallelLayoutError,
@@ -67,7 +67,7 @@ def test_logits_equal_hf_from_disk_and_from_memory(tmp_path, arch, norm):
         convert.load_hf_weights(model, spec, source)
         err = float((_megatron_logits(model, IDS) - ref).abs().max())
         assert err <= 1e-5 * float(ref.abs().max()), (arch, norm, err)
-    exported = dict(convert.export_hf_weights(model, spec))
+    exported = dict(export.export_hf_weights(model, spec))
     saved = disk_state(str(tmp_path))
     saved.pop("lm_head.weight", None) if spec.tie_embeddings else None
     assert set(exported) == set(saved) and all(torch.equal(exported[k], saved[k]) for k in saved)
@@ -131,7 +131,7 @@ def test_export_copied_into_a_transformers_model_by_name(tmp_path, arch):
     convert.load_hf_weights(model, spec, in_memory_state(source))
     params = dict(target.named_parameters())
     with torch.no_grad():
-        for name, tensor in module_layout(convert.export_hf_weights(model, spec), target, spec):
+        for name, tensor in module_layout(export.export_hf_weights(model, spec), target, spec):
             params[name].copy_(tensor)
         assert torch.equal(target(IDS).logits, source(IDS).logits)
 

@@ -226,3 +226,22 @@ def test_pi_old_time_scales_with_its_sequences():
     assert dec["old_logprob_s"] == pytest.approx(2 * clamp["old_logprob_s"], rel=1e-12)
     assert kl["old_logprob_s"] == pytest.approx(3 * clamp["old_logprob_s"], rel=1e-12)
     assert dec["train_s"] == clamp["train_s"]  # training covers the same n·B·G sequences
+
+
+def test_the_sync_term_states_its_assumed_bandwidth_and_the_measured_push(plan70b):
+    from hacrl_megatron.plan.report import render_text
+    from hacrl_megatron.plan.timing import MEASURED_SYNC_S_PER_GB
+
+    sync = plan70b["assumptions"]["sync"]
+    assert sync["bandwidth_gb_s"]["distributed"] == 25.0  # min(network 50, NVLink 450) GB/s x 0.5
+    assert "network 50" in sync["bandwidth_source"]["distributed"] and "assumed" in sync["bandwidth_source"]["distributed"]
+    assert sync["measured_s_per_gb"] == MEASURED_SYNC_S_PER_GB and "bench_weight_sync.py --stages" in sync["measured_source"]
+    for agent in plan70b["agents"]:
+        t = agent["time_s"]
+        assert t["sync_bandwidth_gb_s"] == 25.0
+        # the transfer is the bf16 HF weights over that bandwidth, nothing else
+        assert t["sync_transfer_s"] == pytest.approx(agent["params"]["hf_total"] * 2 / 25e9, abs=1e-3)
+    text = render_text(plan70b)
+    assert "sync by distributed at 25 GB/s (assumed: min(network 50, NVLink 450) GB/s per GPU" in text
+    assert (f"{MEASURED_SYNC_S_PER_GB['stages_gloo_cpu']:g} s/GB from every pipeline stage, "
+            f"{MEASURED_SYNC_S_PER_GB['rank0_funnel_gloo_cpu']:g} s/GB through rank 0") in text
