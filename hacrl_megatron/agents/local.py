@@ -100,7 +100,7 @@ def _resolve_spec(agent_cfg: AgentConfig, vocab_size: int | None, hf_checkpoint:
     return spec, hf_config, source
 
 
-class LocalAgent:
+class LocalAgent(ckpt.MegatronCheckpointing):  # save, begin_save / end_save, load
     """One Megatron agent driven in-process (see module docstring).
 
     Args:
@@ -461,17 +461,6 @@ class LocalAgent:
         """HF-named full tensors (gathered across TP/PP), streamed one at a time, on every rank."""
         enable_cpu_compat()
         return convert.export_hf_weights(self.module, self.spec)
-
-    def save(self, path: str) -> None:
-        """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""
-        enable_cpu_compat()
-        ckpt.save_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates,
-                             hf_config=self.hf_config)
-
-    def load(self, path: str) -> None:
-        """Restore :meth:`save`'s state, possibly written at another TP/PP layout."""
-        enable_cpu_compat()
-        self.updates = ckpt.load_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec)
 
     def stats(self) -> dict[str, float]:
         """tokens/s of the last train and logprob calls; peak RSS (MiB) and CUDA memory (MiB)."""
