@@ -331,14 +331,19 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     template = _sharded_state(model, optimizer, restore_state, is_loading=True)
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
-    try:
-        with verified_dcp_reads(path, expected):
+    with verified_dcp_reads(path, expected) as mismatches:
+        try:
             loaded = dist_checkpointing.load(template, path)
-    except (EOFError, RuntimeError, pickle.UnpicklingError, CheckpointException) as err:  # truncated shard/.metadata
-        named = _first_failure(err)
-        if isinstance(named, DamagedCheckpointError):  # a file that differs from the manifest: it names the file
-            raise named from err
-        raise DamagedCheckpointError(f"{path}: a .distcp tensor shard or .metadata is damaged ({_reason(err)})") from err
+        except (EOFError, RuntimeError, AssertionError, pickle.UnpicklingError, CheckpointException) as err:
+            named = mismatches[0] if mismatches else _first_failure(err)  # a file that differs from the manifest
+            if isinstance(named, DamagedCheckpointError):
+                raise named from err
+            if isinstance(err, AssertionError):
+                raise
+            raise DamagedCheckpointError(f"{path}: a .distcp tensor shard or .metadata is damaged "
+                                         f"({_reason(err)})") from err  # truncated shard or .metadata
+    if mismatches:  # found, though the load went through: its bytes are not the manifest's
+        raise mismatches[0]
     model.load_state_dict(loaded["model"])
     if restore_state:
         with _torch_adam_step_passthrough() if saved_dist else contextlib.nullcontext():

@@ -22,6 +22,7 @@ while it writes a copy of the state taken to host memory; a killed process takes
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import hashlib
 import logging
 import os
@@ -38,7 +39,7 @@ logger = logging.getLogger(__name__)
 FileDigest = dict[str, Any]  # {"size": bytes, "sha256": hex digest}, a manifest entry
 _CHUNK = 1 << 22  # bytes per read while hashing a file: large enough that hashlib releases the GIL
 SMALL_FILE_BYTES = 64 << 20  # a file hashed after writing larger than this is logged: it should stream
-# test hook (tests/faults/test_async_checkpoint_kill.py): the first write to a file whose path contains
+# test hook (tests/faults/test_async_checkpoint.py): the first write to a file whose path matches the glob
 # HOLD_MATCH creates "<HOLD_RELEASE>.held" and waits until HOLD_RELEASE exists (at most _HOLD_LIMIT_S)
 HOLD_MATCH, HOLD_RELEASE = "HACRL_TEST_HOLD_SAVE_MATCH", "HACRL_TEST_HOLD_SAVE_RELEASE"
 _HOLD_LIMIT_S = 600.0
@@ -75,7 +76,7 @@ class HashingWriter:
         self._sha = hashlib.sha256()
         self._size = 0
         self._abort = abort
-        self._hold = bool(os.environ.get(HOLD_MATCH)) and os.environ[HOLD_MATCH] in self.path
+        self._hold = bool(os.environ.get(HOLD_MATCH)) and fnmatch.fnmatch(self.path, os.environ[HOLD_MATCH])
 
     def write(self, data: Any) -> int:
         if self._abort is not None and self._abort.is_set():
@@ -211,13 +212,17 @@ def _hash_stream(stream: Any) -> FileDigest:
 
 
 @contextlib.contextmanager
-def verified_dcp_reads(folder: str | os.PathLike, expected: dict[str, FileDigest] | None) -> Iterator[None]:
+def verified_dcp_reads(folder: str | os.PathLike,
+                       expected: dict[str, FileDigest] | None) -> Iterator[list[DigestMismatchError]]:
     """While active, every file under ``folder`` that torch's distributed-checkpoint reader opens
     (megatron's ``.distcp`` shards and ``.metadata``) is hashed when opened, once, and checked against
     ``expected`` (paths relative to ``folder``) before the reader parses it; the reader then reads it
-    from the page cache. ``expected`` None: nothing is checked."""
+    from the page cache. ``expected`` None: nothing is checked. Yields the list of mismatches found:
+    each is raised where it is found, but megatron replaces some errors by its own (a failed metadata
+    read becomes ``metadata is None``), so the caller raises the first one after the load."""
+    found: list[DigestMismatchError] = []
     if not expected:
-        yield
+        yield found
         return
     from torch.distributed.checkpoint.filesystem import FileSystem
 
@@ -236,12 +241,13 @@ def verified_dcp_reads(folder: str | os.PathLike, expected: dict[str, FileDigest
                 if first:
                     got = _hash_stream(stream)
                     if got != expected[rel]:
-                        raise _mismatch(str(full), expected[rel], got["size"])
+                        found.append(_mismatch(str(full), expected[rel], got["size"]))
+                        raise found[-1]
             yield stream
 
     FileSystem.create_stream = create_stream
     try:
-        yield
+        yield found
     finally:
         FileSystem.create_stream = original
 

@@ -11,7 +11,7 @@ everything goes to ``<dir>/.tmp-step-000020-<pid>/``. Every agent's save starts 
 writes the manifest from the digests the writers computed as they wrote (no file is read back but
 the few small ones libraries write by path), then the marker, and renames the folder into place
 (and fsyncs the parent); older checkpoints are pruned only then. With ``checkpoint.async_save`` the
-loop trains on between the two (:class:`RunCheckpoints`), so a checkpoint is visible to a resume
+loop trains on between the two (trainer/run_checkpoints.py), so a checkpoint is visible to a resume
 only once finished. A run killed mid-save leaves the previous checkpoint and a temp folder that the
 next save removes; a save that fails (a full disk) removes its temp folder and says how much space
 it needed.
@@ -64,8 +64,7 @@ from hacrl_megatron.errors import InputError, Terminated, one_line_text
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.run_state import load_state_file, rng_state, set_rng_state
 
-__all__ = ["MANIFEST", "MARKER", "PendingCheckpoint", "ResumeError", "RunCheckpoints", "async_saves",
-           "begin_checkpoint", "find_resume_checkpoint", "latest_checkpoint", "load_checkpoint", "load_state_file",
+__all__ = ["MANIFEST", "MARKER", "PendingCheckpoint", "ResumeError", "begin_checkpoint", "find_resume_checkpoint", "latest_checkpoint", "load_checkpoint", "load_state_file",
            "read_manifest", "resume_from", "rng_state", "save_checkpoint", "set_rng_state", "verify_checkpoint",
            "write_manifest"]
 
@@ -186,14 +185,6 @@ def _tree_bytes(folder: Path) -> int:
     return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file()) if folder.is_dir() else 0
 
 
-def async_saves(exp: Any) -> bool:
-    """``checkpoint.async_save`` resolved: as given, else (null) true when this process sees a CUDA device.
-    On CPU an asynchronous save clones the whole state in memory and its writer competes with the
-    training for the same cores (benchmarks/bench_checkpoint.py), so it is opt-in there."""
-    chosen = exp.checkpoint.async_save
-    return bool(torch.cuda.is_available()) if chosen is None else bool(chosen)
-
-
 def _each_agent(runtimes, work: Callable[[Any], Any]) -> list[Any]:
     """``work(rt)`` for every runtime, all at once where an agent's ranks run elsewhere (trainer/concurrency.py)."""
     return for_each(list(runtimes), work, in_process=lambda rt: runs_in_process(rt.trainer))
@@ -210,13 +201,21 @@ def begin_checkpoint(root: str | os.PathLike, step: int, runtimes, state: dict[s
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-{_name(step)}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
+    begun: list[Any] = []
+
+    def begin(rt: Any) -> None:
+        rt.trainer.begin_save(str(tmp / "agents" / rt.name), background)
+        begun.append(rt)
+
     try:
         for rt in runtimes:
             (tmp / "agents" / rt.name).mkdir(parents=True)  # the writers only create files, never folders
-        _each_agent(runtimes, lambda rt: rt.trainer.begin_save(str(tmp / "agents" / rt.name), background))
+        _each_agent(runtimes, begin)
         with HashingWriter(tmp / "state.pt") as f:
             torch.save({**state, "step": step, "rng": rng_state()}, f)
     except BaseException as err:  # torch's distributed-checkpoint writer raises a BaseException subclass
+        if not _interrupted(err):  # the agents whose writers started: wait for them before the removal
+            _each_agent(begun, _end_quietly)
         _reraise(_discarded(tmp, root, step, err), err)
     return PendingCheckpoint(root, step, list(runtimes), keep, tmp, {"state.pt": f.digest})
 
@@ -245,7 +244,7 @@ class PendingCheckpoint:
         the folder into place and prune; the checkpoint's folder."""
         final = self.root / _name(self.step)
         try:
-            written = _each_agent(self.runtimes, lambda rt: rt.trainer.end_save())
+            written = _end_every_save(self.runtimes)
             digests = dict(self._digests)
             for rt, files in zip(self.runtimes, written):
                 digests.update(prefixed(f"agents/{rt.name}", files))
@@ -266,58 +265,22 @@ class PendingCheckpoint:
         _remove_until_it_stays_gone(self.tmp)
 
 
-class RunCheckpoints:
-    """The run's checkpoints under ``root``, at most one in flight. ``background``
-    (``checkpoint.async_save``): :meth:`save` returns once every agent's state is copied, the write
-    goes on during the next steps and is finished at the next :meth:`save` or :meth:`finish`; else
-    :meth:`save` finishes it before returning. ``wait_s``: seconds the loop waited in saves since the
-    last :meth:`take_wait_s` (the copy, plus the finishing of an earlier save; the whole write when
-    not in the background)."""
-
-    def __init__(self, root: str | os.PathLike, keep: int, background: bool) -> None:
-        self.root, self.keep, self.background = Path(root), keep, background
-        self.pending: PendingCheckpoint | None = None
-        self.wait_s = 0.0
-
-    def save(self, step: int, runtimes, state: dict[str, Any]) -> None:
-        started = time.perf_counter()
+def _end_every_save(runtimes: list) -> list[dict[str, FileDigest]]:
+    """Every agent's ``end_save`` even when one fails (no writer is left writing into the temp folder
+    that the failure removes), then the first error; an interrupt stops at once."""
+    def end(rt: Any) -> tuple[Any, BaseException | None]:
         try:
-            self.finish()
-            self.pending = begin_checkpoint(self.root, step, runtimes, state, self.keep, self.background)
-            if not self.background:
-                self.finish()
-        finally:
-            self.wait_s += time.perf_counter() - started
+            return rt.trainer.end_save(), None
+        except BaseException as err:  # noqa: BLE001 - raised below once every agent's writer ended
+            if _interrupted(err):
+                raise
+            return None, err
 
-    def finish(self) -> Path | None:
-        """Complete the checkpoint in flight, if any; its folder."""
-        pending, self.pending = self.pending, None
-        return pending.finish() if pending is not None else None
-
-    def abandon(self) -> None:
-        """Discard the checkpoint in flight (the run failed or was interrupted): the previous one stays the
-        resume point."""
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.abandon()
-
-    def settle(self, failure: BaseException) -> None:
-        """After the run stopped on ``failure``: the save in flight is finished when the run failed with
-        an error (its state was copied before the failure: a valid resume point, as a synchronous save
-        would have left), abandoned when it was interrupted (Ctrl-C, SIGTERM: stop now; the previous
-        checkpoint stays the resume point) or cannot be finished."""
-        if isinstance(failure, Exception) and self.pending is not None:
-            try:
-                self.finish()
-                return
-            except Exception:  # noqa: BLE001 - the run's own error stays the one reported
-                logger.warning("the checkpoint in flight could not be finished after the run failed", exc_info=True)
-        self.abandon()
-
-    def take_wait_s(self) -> float | None:
-        """:attr:`wait_s`, reset to 0; None when the loop has not waited for a save since the last call."""
-        waited, self.wait_s = self.wait_s, 0.0
-        return waited or None
+    outcomes = _each_agent(runtimes, end)
+    failed = [err for _, err in outcomes if err is not None]
+    if failed:
+        raise failed[0]
+    return [files for files, _ in outcomes]
 
 
 def _reraise(replacement: BaseException, err: BaseException) -> None:
@@ -326,9 +289,21 @@ def _reraise(replacement: BaseException, err: BaseException) -> None:
     raise replacement from err
 
 
+def _interrupted(err: BaseException) -> bool:
+    return isinstance(err, (KeyboardInterrupt, SystemExit, Terminated))  # Ctrl-C, SIGTERM, exit
+
+
+def _end_quietly(rt: Any) -> None:
+    """Wait for an agent's writer of a save that failed elsewhere (its own error does not matter then)."""
+    try:
+        rt.trainer.end_save()
+    except Exception:  # noqa: BLE001 - the save's first error is the one raised
+        logger.debug("%s: ending a failed save", rt.name, exc_info=True)
+
+
 def _discarded(tmp: Path, root: Path, step: int, err: BaseException) -> BaseException:
     """Remove a failed save's temp folder; the error to raise (a full disk becomes :class:`OutOfSpaceError`)."""
-    interrupted = isinstance(err, (KeyboardInterrupt, SystemExit, Terminated))  # Ctrl-C, SIGTERM, exit
+    interrupted = _interrupted(err)
     written, full = _tree_bytes(tmp), not interrupted and is_out_of_space(err, root)
     if interrupted:
         _remove_until_it_stays_gone(tmp)

@@ -33,7 +33,7 @@ from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.sync import check_sync
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.best import update_best
-from hacrl_megatron.trainer.checkpoint import RunCheckpoints, async_saves, load_checkpoint, resume_from
+from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
     accuracy_table,
@@ -46,6 +46,7 @@ from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.peers import PeerAgent, PeerExchange
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
+from hacrl_megatron.trainer.run_checkpoints import RunCheckpoints, async_saves
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples

@@ -22,7 +22,7 @@ from hacrl_megatron import durable
 from hacrl_megatron.cli import main
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.trainer import checkpoint as ckpt
-from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer import loop, run_checkpoints
 from hacrl_megatron.trainer import metrics as metrics_mod
 from hacrl_megatron.trainer.metrics import JsonlWriter, MetricsLogger, read_metrics, read_metrics_lines
 from hacrl_megatron.trainer.run_folder import checkpoint_dir
@@ -187,7 +187,7 @@ def test_the_error_that_stopped_the_run_stays_primary(tmp_path, monkeypatch, cap
     def close_fails(self):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(ckpt, "begin_checkpoint", no_space)
+    monkeypatch.setattr(run_checkpoints, "begin_checkpoint", no_space)
     monkeypatch.setattr(MetricsLogger, "close", close_fails)
     caplog.set_level(logging.WARNING, logger="hacrl_megatron")
     with pytest.raises(OutOfSpaceError, match="no space left on .*checkpoints, needed ~1.0 MB"):
