@@ -22,7 +22,6 @@ from __future__ import annotations
 import inspect
 import os
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
@@ -73,14 +72,27 @@ def _write_bucket(bucket: tuple, transforms: list, abort: threading.Event) -> tu
 
 def _write_all(buckets: list, transforms: list, results_queue: Any, folder: str,
                abort: threading.Event) -> dict[str, FileDigest]:
-    """Every bucket in a thread of its own; the results go to ``results_queue`` as megatron's writer
-    processes put them (bucket index → write results, or the first error: the finalize functions then
-    raise it on every rank together, so no rank waits in a collective for a failed one)."""
-    try:
-        with ThreadPoolExecutor(max(1, len(buckets)), thread_name_prefix="hacrl-distcp") as pool:
-            done = list(pool.map(lambda b: _write_bucket(b, transforms, abort), buckets))
-    except Exception as err:  # noqa: BLE001 - reported through the queue, like megatron's writers
-        results_queue.put(err)
+    """Every bucket in a daemon thread of its own (a pool's threads would hold up the interpreter's exit
+    until the files are written); the results go to ``results_queue`` as megatron's writer processes
+    put them (bucket index → write results, or the first error: the finalize functions then raise it
+    on every rank together, so no rank waits in a collective for a failed one)."""
+    done: list[Any] = [None] * len(buckets)
+    errors: list[Exception] = []
+
+    def write(i: int) -> None:
+        try:
+            done[i] = _write_bucket(buckets[i], transforms, abort)
+        except Exception as err:  # noqa: BLE001 - reported through the queue, like megatron's writers
+            errors.append(err)
+
+    threads = [threading.Thread(target=write, args=(i,), name=f"hacrl-distcp-{i}", daemon=True)
+               for i in range(len(buckets))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        results_queue.put(errors[0])
         return {}
     results_queue.put({i: results for i, (results, _) in enumerate(done)})
     return {os.path.relpath(b[0], folder).replace(os.sep, "/"): digest for b, (_, digest) in zip(buckets, done)}

@@ -261,7 +261,8 @@ class PendingCheckpoint:
 
     def abandon(self) -> None:
         """Discard the unfinished checkpoint (the run is stopping): its temp folder is removed until it
-        stays gone; the writers stop at their next write into it, or with the process."""
+        stays gone. The writers' threads are daemons: they end with the process (or, if it goes on,
+        after finishing their open files, which are no longer in any folder)."""
         _remove_until_it_stays_gone(self.tmp)
 
 
