@@ -50,7 +50,8 @@ from hacrl_megatron.models.convert import CheckpointMismatchError
 from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.provider import ArchSpec
 
-__all__ = ["DamagedCheckpointError", "MegatronCheckpointing", "PendingSave", "begin_save", "check_files", "load_checkpoint", "save_checkpoint"]
+__all__ = ["DamagedCheckpointError", "MegatronCheckpointing", "PendingSave", "begin_save", "check_files",
+           "load_checkpoint", "save_checkpoint"]
 
 _META = "hacrl_meta"
 _HF_CONFIG = "hf_config"

@@ -64,9 +64,9 @@ from hacrl_megatron.errors import InputError, Terminated, one_line_text
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.run_state import load_state_file, rng_state, set_rng_state
 
-__all__ = ["MANIFEST", "MARKER", "PendingCheckpoint", "ResumeError", "begin_checkpoint", "find_resume_checkpoint", "latest_checkpoint", "load_checkpoint", "load_state_file",
-           "read_manifest", "resume_from", "rng_state", "save_checkpoint", "set_rng_state", "verify_checkpoint",
-           "write_manifest"]
+__all__ = ["MANIFEST", "MARKER", "PendingCheckpoint", "ResumeError", "begin_checkpoint", "find_resume_checkpoint",
+           "latest_checkpoint", "load_checkpoint", "load_state_file", "read_manifest", "resume_from", "rng_state",
+           "save_checkpoint", "set_rng_state", "verify_checkpoint", "write_manifest"]
 
 logger = logging.getLogger(__name__)
 
@@ -298,7 +298,9 @@ def _end_quietly(rt: Any) -> None:
     """Wait for an agent's writer of a save that failed elsewhere (its own error does not matter then)."""
     try:
         rt.trainer.end_save()
-    except Exception:  # noqa: BLE001 - the save's first error is the one raised
+    except BaseException as err:  # noqa: BLE001 - the save's first error is the one raised (torch's is a BaseException)
+        if _interrupted(err):
+            raise
         logger.debug("%s: ending a failed save", rt.name, exc_info=True)
 
 
