@@ -96,6 +96,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("time/samples_s", "s", "writing samples/step-NNNNNN.jsonl (its steps only: log.samples_every)"),
     ("time/train_s", "s", "advantages and the M updates of every agent"),
     ("time/sync_s", "s", "weight sync into the engines and its check"),
+    ("time/checkpoint_wait_s", "s", "the loop's wait in the checkpoint saved after the previous step: copying "
+     "every agent's state to host memory and finishing an earlier save (checkpoint.async_save), else the whole write"),
     ("verifier/timeouts", "responses", "responses whose scoring hit train.verifier_timeout_s, so far"),
     ("verifier/errors", "responses", "responses whose scoring failed or left data.reward_range, so far"),
     ("rollout/dropped_batches", "batches", "async batches dropped as too stale, so far"),

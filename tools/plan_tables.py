@@ -127,7 +127,8 @@ def _first_cell(row: Row) -> str:
 
 def scaling_row(row: Row) -> str:
     """One docs/scaling.md row: layouts and engines per agent, peak GiB, the step, the previous loop,
-    the overlapped step, and what a run adds (checkpoints, export)."""
+    the overlapped step, and what a run adds (checkpoints: what each holds the loop, and its write;
+    the export)."""
     obj = plan(row)
     if isinstance(obj, str):
         return f"| {_first_cell(row)} | refused: {obj} | – | – | – | – | – |"
@@ -136,8 +137,9 @@ def scaling_row(row: Row) -> str:
                        f"{_engines(a, places[a['name']])}" for a in obj["agents"])
     peak = " / ".join(f"{a['memory_gib']['total']:.1f}" for a in obj["agents"])
     step = f"{_s(obj['step_time_s'])} ({_stages(obj)})"
-    run = (f"{obj['checkpoints']} × {_s(obj['checkpoint_s'])} checkpoint, export {_s(obj['export_s'])}; "
-           f"run {obj['run_time_s'] / 3600:,.1f} h")
+    mode = "async" if obj["checkpoint_async"] else "sync"
+    run = (f"{obj['checkpoints']} checkpoints, each {obj['checkpoint_wait_s']:,.1f} s of waiting ({mode}; "
+           f"{_s(obj['checkpoint_s'])} write), export {_s(obj['export_s'])}; run {obj['run_time_s'] / 3600:,.1f} h")
     return (f"| {_first_cell(row)} | {agents} | {peak} | {step} | {_s(obj['step_time_sequential_s'])} | "
             f"{_overlapped(obj)} | {run} |")
 

@@ -10,12 +10,17 @@ Atomicity: :func:`save_checkpoint` writes into the directory it is given. The tr
 joint checkpoint of all agents into a temporary directory and renames the whole directory when
 every agent has finished, so a crash never leaves a half-written checkpoint behind.
 
-Saves are synchronous; see :func:`_in_process_results_queue` for why no multiprocessing Manager
-is started (scripts need no ``if __name__ == "__main__"`` guard).
+Saves run in two halves (:func:`begin_save`, :meth:`PendingSave.finish`): the first plans the save
+with megatron-core's asynchronous ``dist_checkpointing`` request and copies this rank's tensors to
+host memory, a thread then writes them (agents/dcp_writer.py) while the training may go on, and
+``finish`` completes the request on every rank and returns each file's size and SHA-256, hashed as
+it was written. :func:`save_checkpoint` is both at once. See :func:`_in_process_results_queue` for
+why no multiprocessing Manager is started (scripts need no ``if __name__ == "__main__"`` guard).
 
 Damage: :func:`check_files` names a missing or empty ``common.pt``, ``.metadata`` or
 ``metadata.json`` before megatron-core reads anything, and read errors of a truncated shard come
-back as :class:`DamagedCheckpointError` naming the checkpoint folder.
+back as :class:`DamagedCheckpointError` naming the checkpoint folder. Given the manifest's digests,
+:func:`load_checkpoint` hashes every file as it is loaded and names the one that differs.
 
 Security: torch's distributed-checkpoint ``.metadata`` is a Python pickle, read with
 ``pickle.load``, so loading a checkpoint runs whatever code it was made to hold. Load Megatron
@@ -32,8 +37,21 @@ import pickle
 from collections.abc import Iterator
 from typing import Any
 
+from hacrl_megatron.agents.checkpoint_io import (
+    BackgroundWrite,
+    DamagedCheckpointError,
+    FileDigest,
+    check_digest,
+    hash_files,
+    verified_dcp_reads,
+)
+from hacrl_megatron.agents.dcp_writer import start_writing
 from hacrl_megatron.models.convert import CheckpointMismatchError
+from hacrl_megatron.models.cpu_compat import enable_cpu_compat
 from hacrl_megatron.models.provider import ArchSpec
+
+__all__ = ["DamagedCheckpointError", "MegatronCheckpointing", "PendingSave", "begin_save", "check_files",
+           "load_checkpoint", "save_checkpoint"]
 
 _META = "hacrl_meta"
 _HF_CONFIG = "hf_config"
@@ -55,10 +73,6 @@ def _required_files() -> tuple[str, ...]:
 _COMPARED = ("arch", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_hidden_size",
              "vocab_size", "tie_embeddings", "qkv_bias", "qk_norm", "num_experts", "moe_topk", "moe_ffn_hidden_size",
              "shared_expert_ffn_hidden_size", "norm_topk_prob")
-
-
-class DamagedCheckpointError(CheckpointMismatchError):
-    """A checkpoint file is missing, truncated or corrupted; the message names the file."""
 
 
 def check_files(path: str) -> None:
@@ -91,12 +105,23 @@ def _sharded_state(model: Any, optimizer: Any, with_optimizer: bool, is_loading:
 
 
 def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, updates: int,
-                    hf_config: Any = None) -> None:
-    """Write model (+ optimizer + scheduler when given) + update count under ``path`` (created if missing).
+                    hf_config: Any = None) -> dict[str, FileDigest]:
+    """Write model (+ optimizer + scheduler when given) + update count under ``path`` (created if missing);
+    returns every file's digest (:meth:`PendingSave.finish`).
 
     ``hf_config`` (a transformers config) is stored too, so the checkpoint can be exported to an HF
     directory without the original model (``hacrl convert --from-megatron``). Collective: every rank
     of the agent calls it.
+    """
+    return begin_save(path, model, optimizer, scheduler, spec, updates, hf_config).finish()
+
+
+def begin_save(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, updates: int,
+               hf_config: Any = None, background: bool = False) -> PendingSave:
+    """Start :func:`save_checkpoint`: returns once this rank's state is copied for the writer thread.
+
+    ``background``: the caller goes on training before :meth:`PendingSave.finish`, so host tensors are
+    cloned too (on GPU every tensor is copied to host memory anyway). Collective, like the save.
     """
     import torch.distributed as dist
     from megatron.core import dist_checkpointing
@@ -115,26 +140,55 @@ def save_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     if hf_config is not None:
         state[_HF_CONFIG] = hf_config.to_dict()
     _in_process_results_queue()
-    dist_checkpointing.save(state, path)
-    if dist.get_rank() == 0:  # every rank's shards and the metadata are written once save returns
-        check_files(path)
+    request = dist_checkpointing.save(state, path, async_sharded_save=True)  # plans, writes common.pt
+    return PendingSave(path, request, start_writing(request, path, copy=background, name=os.path.basename(path)))
+
+
+class PendingSave:
+    """A Megatron save whose shards may still be being written (:func:`begin_save`)."""
+
+    def __init__(self, path: str, request: Any, write: BackgroundWrite | None) -> None:
+        self.path, self._request, self._write = path, request, write
+
+    def finish(self) -> dict[str, FileDigest]:
+        """Wait for this rank's shards, complete the save on every rank (collective: torch's
+        ``.metadata``, megatron's ``metadata.json``) and return every file of the checkpoint with its
+        size and SHA-256 (relative paths), on every rank. A failed write raises on every rank."""
+        import torch.distributed as dist
+
+        digests = self._write.result() if self._write is not None else {}
+        for finalize in self._request.finalize_fns:
+            finalize()
+        parts: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, digests)
+        merged = {rel: d for part in parts for rel, d in part.items()}
+        if dist.get_rank() == 0:  # every rank's shards and the metadata are written once finalized
+            check_files(self.path)
+            merged.update(hash_files(self.path, skip=set(merged)))  # common.pt, .metadata, metadata.json
+        shared = [merged]
+        dist.broadcast_object_list(shared, src=0)
+        return shared[0]
+
+    def abandon(self) -> None:
+        """Stop the writer thread (the checkpoint is being discarded); no collective."""
+        if self._write is not None:
+            self._write.abandon()
 
 
 def _in_process_results_queue() -> None:
-    """Let megatron's synchronous ``torch_dist`` writer collect results in a plain in-process queue.
+    """Give the next save's writer a fresh in-process queue for its write results.
 
-    By default it creates a ``spawn``-context multiprocessing Manager for that queue, which starts
+    By default megatron creates a ``spawn``-context multiprocessing Manager for that queue, which starts
     a fresh interpreter (seconds on a loaded CPU box) and re-imports the caller's ``__main__``, so
-    scripts without an ``if __name__ == "__main__"`` guard would recurse. Synchronous saves only
-    touch the queue from this process (the forked writers report through their own queue), so a
-    ``queue.Queue`` is equivalent. Async saves (not used here) would need the Manager.
+    scripts without an ``if __name__ == "__main__"`` guard would recurse. Our writer is a thread of
+    this process (agents/dcp_writer.py), so a ``queue.Queue`` is equivalent; a new one per save, since
+    the writer captures it and two agents' saves may be in flight at once.
     """
     import queue
 
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
-    if getattr(filesystem_async, "_results_queue", None) is None:
-        filesystem_async._results_queue = queue.Queue()
+    filesystem_async._results_queue = queue.Queue()
 
 
 def read_meta(path: str) -> tuple[ArchSpec, Any]:
@@ -246,14 +300,21 @@ def check_compatible(path: str, spec: ArchSpec) -> dict[str, Any]:
     return common
 
 
-def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, with_optimizer: bool = True) -> int:
+def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec: ArchSpec, with_optimizer: bool = True,
+                    expected: dict[str, FileDigest] | None = None) -> int:
     """Restore what :func:`save_checkpoint` wrote (at any TP/PP layout); returns the update count.
 
     ``with_optimizer=False`` loads the weights only (e.g. to start RL from an SFT checkpoint).
     A checkpoint saved before the first update restores a fresh optimizer (it has no state).
+    ``expected``: the manifest's digests of the files under ``path``; every file is then hashed as it
+    is loaded and a differing one raises :class:`DamagedCheckpointError` naming it.
     """
     from megatron.core import dist_checkpointing
 
+    if expected:
+        check_files(path)
+        for name in ("common.pt", "metadata.json"):  # read by path, not through torch's reader: small
+            check_digest(os.path.join(path, name), expected.get(name))
     common = check_compatible(path, spec)
     meta = common[_META]
     if with_optimizer and not meta.get("has_optimizer", True):
@@ -271,10 +332,19 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     template = _sharded_state(model, optimizer, restore_state, is_loading=True)
     from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 
-    try:
-        loaded = dist_checkpointing.load(template, path)
-    except (EOFError, RuntimeError, pickle.UnpicklingError, CheckpointException) as err:  # truncated shard/.metadata
-        raise DamagedCheckpointError(f"{path}: a .distcp tensor shard or .metadata is damaged ({_reason(err)})") from err
+    with verified_dcp_reads(path, expected) as mismatches:
+        try:
+            loaded = dist_checkpointing.load(template, path)
+        except (EOFError, RuntimeError, AssertionError, pickle.UnpicklingError, CheckpointException) as err:
+            named = mismatches[0] if mismatches else _first_failure(err)  # a file that differs from the manifest
+            if isinstance(named, DamagedCheckpointError):
+                raise named from err
+            if isinstance(err, AssertionError):
+                raise
+            raise DamagedCheckpointError(f"{path}: a .distcp tensor shard or .metadata is damaged "
+                                         f"({_reason(err)})") from err  # truncated shard or .metadata
+    if mismatches:  # found, though the load went through: its bytes are not the manifest's
+        raise mismatches[0]
     model.load_state_dict(loaded["model"])
     if restore_state:
         with _torch_adam_step_passthrough() if saved_dist else contextlib.nullcontext():
@@ -285,6 +355,16 @@ def load_checkpoint(path: str, model: Any, optimizer: Any, scheduler: Any, spec:
     if with_optimizer:
         scheduler.load_state_dict(common["scheduler"])
     return int(common["updates"]) if with_optimizer else 0
+
+
+def _first_failure(err: BaseException) -> BaseException:
+    """The first rank's error inside torch's CheckpointException (it carries (error, traceback) per
+    rank), else ``err`` itself."""
+    failures = getattr(err, "failures", None)
+    if isinstance(failures, dict) and failures:
+        pair = next(iter(failures.values()))
+        return pair[0] if isinstance(pair, tuple) else pair
+    return err
 
 
 def _reason(err: BaseException) -> str:
@@ -311,3 +391,44 @@ def _reset_optimizer(optimizer: Any, fresh: bool) -> None:
             part.optimizer.state.clear()
         if hasattr(part, "reload_model_params"):
             part.reload_model_params()
+
+
+class MegatronCheckpointing:
+    """The checkpoint methods of the AgentHandle protocol for a megatron-core agent (LocalAgent, and
+    through it each Ray rank), over the agent's ``module``, ``optimizer``, ``scheduler``, ``spec``,
+    ``updates`` and ``hf_config``. Every rank of the agent makes the same calls (SPMD)."""
+
+    module: Any
+    optimizer: Any
+    scheduler: Any
+    spec: ArchSpec
+    updates: int
+    hf_config: Any
+    _pending_save: PendingSave | None = None
+
+    def save(self, path: str) -> dict[str, FileDigest]:
+        """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""
+        self.begin_save(path)
+        return self.end_save()
+
+    def begin_save(self, path: str, background: bool = False) -> None:
+        """Start :meth:`save`: returns once the state is copied for the writer thread (:func:`begin_save`)."""
+        enable_cpu_compat()
+        if self._pending_save is not None:  # a save the trainer abandoned (its run failed): stop its writer
+            self._pending_save.abandon()
+        self._pending_save = begin_save(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates,
+                                        hf_config=self.hf_config, background=background)
+
+    def end_save(self) -> dict[str, FileDigest]:
+        """Finish the save :meth:`begin_save` started; every file's size and SHA-256 (relative paths)."""
+        enable_cpu_compat()
+        pending, self._pending_save = self._pending_save, None
+        if pending is None:
+            raise RuntimeError("end_save() without a save begun by begin_save()")
+        return pending.finish()
+
+    def load(self, path: str, expected: dict[str, FileDigest] | None = None) -> None:
+        """Restore :meth:`save`'s state, possibly written at another TP/PP layout; ``expected``: the
+        manifest's digests, checked as the files are read."""
+        enable_cpu_compat()
+        self.updates = load_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, expected=expected)

@@ -89,11 +89,22 @@ class AgentHandle(Protocol):
     def wake(self) -> None:
         """Bring back, bit-identical and into the same tensors, what :meth:`sleep` moved."""
 
-    def save(self, path: str) -> None:
-        """Write model + optimizer + scheduler state under ``path`` (a directory that may not exist)."""
+    def save(self, path: str) -> dict[str, dict]:
+        """Write model + optimizer + scheduler state under ``path`` (a directory that may not exist);
+        :meth:`begin_save` then :meth:`end_save`."""
 
-    def load(self, path: str) -> None:
-        """Restore what :meth:`save` wrote."""
+    def begin_save(self, path: str, background: bool = False) -> None:
+        """Start :meth:`save`: return once the state is copied for a writer (device → host memory), which
+        then writes it while the caller goes on. ``background``: the agent trains before :meth:`end_save`,
+        so state that the writer would otherwise read in place is copied too (a clone on CPU)."""
+
+    def end_save(self) -> dict[str, dict]:
+        """Wait for the save :meth:`begin_save` started and complete it; return every file written,
+        path relative to ``path`` → ``{"size": bytes, "sha256": hex}``, hashed as it was written."""
+
+    def load(self, path: str, expected: dict[str, dict] | None = None) -> None:
+        """Restore what :meth:`save` wrote; ``expected`` (:meth:`end_save`'s digests, from the manifest):
+        hash every file as it is read and raise ``DamagedCheckpointError`` naming one that differs."""
 
     def stats(self) -> dict[str, float]:
         """Memory and timing counters (tokens/s of the last train/logprob calls, peak memory)."""

@@ -7,15 +7,25 @@ are checked against (same HF weights in, same numbers out).
 
 from __future__ import annotations
 
+import copy
+import io
 import math
 import time
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.checkpoint_io import (
+    BackgroundWrite,
+    FileDigest,
+    HashingWriter,
+    read_verified,
+    write_bytes,
+)
 from hacrl_megatron.agents.handle import CompletedResult
 from hacrl_megatron.agents.offload import Offloadable
 from hacrl_megatron.agents.packing import Geometry, count_micro_batches, plan_micro_batches
@@ -32,6 +42,33 @@ def lr_multiplier(update: int, warmup: int, total: int, schedule: str) -> float:
         return 1.0
     progress = min(1.0, (update - warmup) / max(1, total - warmup))
     return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _unaliased(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without the names of tensors stored under an earlier name too (a tied LM head shares
+    the embedding's storage; safetensors refuses shared tensors, and loading the embedding fills both)."""
+    seen: set[tuple[int, tuple[int, ...]]] = set()
+    out = {}
+    for name, tensor in state.items():
+        key = (tensor.untyped_storage().data_ptr(), tuple(tensor.shape))
+        if key not in seen:
+            seen.add(key)
+            out[name] = tensor
+    return out
+
+
+def _write_hf_checkpoint(folder: Path, weights: dict[str, torch.Tensor], extra: dict[str, Any], config_json: str,
+                         abort: Any) -> dict[str, FileDigest]:
+    """The HFAgent's files, each hashed as it is written (agents/checkpoint_io.py): its digests."""
+    from safetensors.torch import save as safetensors_bytes
+
+    blob = safetensors_bytes({k: v.contiguous() for k, v in weights.items()}, metadata={"format": "pt"})
+    digests = {"hf/model.safetensors": write_bytes(folder / "hf" / "model.safetensors", blob, abort),
+               "hf/config.json": write_bytes(folder / "hf" / "config.json", config_json.encode(), abort)}
+    with HashingWriter(folder / "optimizer.pt", abort) as f:
+        torch.save(extra, f)
+    digests["optimizer.pt"] = f.digest
+    return digests
 
 
 class HFAgent(Offloadable):
@@ -61,6 +98,7 @@ class HFAgent(Offloadable):
         self._schedule = (t.lr_warmup_steps, total_updates, t.lr_schedule)
         self.updates = 0
         self._stats: dict[str, float] = {}
+        self._pending_save: BackgroundWrite | None = None
 
     # ---- forward ---------------------------------------------------------------------------
     def _logprobs(self, batch: SequenceBatch, temperature: float) -> LogProbOutput:
@@ -184,27 +222,50 @@ class HFAgent(Offloadable):
         for name, tensor in self.model.state_dict().items():
             yield name, tensor.detach()
 
-    def save(self, path: str) -> None:
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(out / "hf")
-        torch.save({"optimizer": self.optimizer.state_dict(), "updates": self.updates}, out / "optimizer.pt")
+    def save(self, path: str) -> dict[str, FileDigest]:
+        """Weights (``hf/model.safetensors``, ``hf/config.json``) and ``optimizer.pt`` under ``path``."""
+        self.begin_save(path)
+        return self.end_save()
 
-    def load(self, path: str) -> None:
+    def begin_save(self, path: str, background: bool = False) -> None:
+        """Start :meth:`save` in a writer thread; ``background``: the training goes on before
+        :meth:`end_save`, so the weights and optimizer state are cloned first (the wait)."""
+        weights = {k: v.detach() for k, v in _unaliased(self.model.state_dict()).items()}
+        optimizer = self.optimizer.state_dict()
+        if background:
+            weights, optimizer = {k: v.clone() for k, v in weights.items()}, copy.deepcopy(optimizer)
+        if self._pending_save is not None:  # a save the trainer abandoned: stop its writer
+            self._pending_save.abandon()
+        (Path(path) / "hf").mkdir(parents=True, exist_ok=True)  # here: the writer creates files only
+        job = partial(_write_hf_checkpoint, Path(path), weights, {"optimizer": optimizer, "updates": self.updates},
+                      self.model.config.to_json_string())
+        self._pending_save = BackgroundWrite(job, self.name)
+
+    def end_save(self) -> dict[str, FileDigest]:
+        """Wait for :meth:`begin_save`'s writer; every file's size and SHA-256 (paths relative to the folder)."""
+        pending, self._pending_save = self._pending_save, None
+        if pending is None:
+            raise RuntimeError("end_save() without a save begun by begin_save()")
+        return pending.result()
+
+    def load(self, path: str, expected: dict[str, FileDigest] | None = None) -> None:
+        """Restore :meth:`save`'s state; ``expected``: the manifest's digests, checked as each file is read."""
         src = Path(path)
         if not (src / "optimizer.pt").exists():
             raise FileNotFoundError(f"{src}: not an HFAgent checkpoint (no optimizer.pt)")
-        from safetensors.torch import load_file
+        from safetensors.torch import load as load_safetensors
 
+        want = expected or {}
         state: dict[str, torch.Tensor] = {}
         for shard in sorted((src / "hf").glob("*.safetensors")):
-            state.update(load_file(str(shard)))
+            state.update(load_safetensors(read_verified(shard, want.get(shard.relative_to(src).as_posix()))))
         missing, unexpected = self.model.load_state_dict(state, strict=False)
         tied = {"lm_head.weight"} if getattr(self.model.config, "tie_word_embeddings", False) else set()
         if set(missing) - tied or unexpected:
             raise ValueError(f"{src}: checkpoint does not match model {type(self.model).__name__}: "
                              f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
-        extra = torch.load(src / "optimizer.pt", weights_only=True)  # a planted file runs no code
+        data = read_verified(src / "optimizer.pt", want.get("optimizer.pt"))
+        extra = torch.load(io.BytesIO(data), weights_only=True)  # a planted file runs no code
         self.optimizer.load_state_dict(extra["optimizer"])
         self.updates = int(extra["updates"])
 

@@ -69,7 +69,7 @@ def _experts_in_expert_buffers(model: Any) -> None:
             param.allreduce = False
 
 
-class LocalAgent(Offloadable):
+class LocalAgent(Offloadable, ckpt.MegatronCheckpointing):  # save, begin_save / end_save, load
     """One Megatron agent driven in-process (see module docstring); ``sleep``/``wake``: agents/offload.py.
 
     Args:
@@ -412,17 +412,6 @@ class LocalAgent(Offloadable):
         """This rank's pipeline stage's share of them, on that stage only (a stage sender's stream)."""
         enable_cpu_compat()
         return export_stage_hf_weights(self.module, self.spec)
-
-    def save(self, path: str) -> None:
-        """Model + optimizer + scheduler + update count under ``path`` (dist_checkpointing, reshardable)."""
-        enable_cpu_compat()
-        ckpt.save_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec, self.updates,
-                             hf_config=self.hf_config)
-
-    def load(self, path: str) -> None:
-        """Restore :meth:`save`'s state, possibly written at another TP/PP layout."""
-        enable_cpu_compat()
-        self.updates = ckpt.load_checkpoint(path, self.module, self.optimizer, self.scheduler, self.spec)
 
     def stats(self) -> dict[str, float]:
         """tokens/s of the last train and logprob calls; peak RSS (MiB) and CUDA memory (MiB)."""

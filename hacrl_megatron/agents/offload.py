@@ -49,7 +49,7 @@ _DEPTH = {"none": 0, "optimizer": 1, "all": 2}
 # entry points of an agent and the deepest sleep they tolerate: 0 = fully awake (they write
 # gradients or read the optimizer state), 1 = the weights awake (no-grad forwards, exports, snapshots)
 NEEDS_AWAKE = {
-    "train": 0, "train_async": 0, "save": 0, "load": 0,
+    "train": 0, "train_async": 0, "save": 0, "begin_save": 0, "load": 0,
     "sequence_logprobs": 1, "token_logprobs": 1, "sequence_logprobs_at": 1, "reference_token_logprobs": 1,
     "keep_version": 1, "keep_reference": 1, "export_hf_weights": 1,
 }
@@ -226,6 +226,7 @@ def _guarded(method: Callable[..., Any], deepest: int) -> Callable[..., Any]:
         self._parking().check(method.__name__, deepest)
         return method(self, *args, **kwargs)
 
+    call.awake_guard = True  # type: ignore[attr-defined]
     return call
 
 
@@ -237,8 +238,9 @@ class Offloadable:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         for name, deepest in NEEDS_AWAKE.items():
-            if name in cls.__dict__:
-                setattr(cls, name, _guarded(cls.__dict__[name], deepest))
+            method = getattr(cls, name, None)  # its own or a mixin's (agents/checkpoint.py's saves)
+            if method is not None and not getattr(method, "awake_guard", False):
+                setattr(cls, name, _guarded(method, deepest))
 
     def _parking(self) -> StorageParking:
         parking = self.__dict__.get("_storage_parking")

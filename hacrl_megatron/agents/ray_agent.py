@@ -42,6 +42,7 @@ from typing import Any, Generic, TypeVar
 import torch
 
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.checkpoint_io import DigestMismatchError
 from hacrl_megatron.agents.ray_placement import (
     RayAgentError,
     TrainerNodeLost,
@@ -394,13 +395,24 @@ class RayAgent:
         """Every rank brings back what :meth:`sleep` moved."""
         self._call(RankWorker.wake)
 
-    def save(self, path: str) -> None:
+    def save(self, path: str) -> dict[str, Any]:
         """Model + optimizer + scheduler under ``path`` (every rank writes its shard: a shared filesystem)."""
-        self._call(RankWorker.save, str(path))
+        self.begin_save(path)
+        return self.end_save()
 
-    def load(self, path: str) -> None:
-        """Restore :meth:`save`'s state, possibly written at another TP/PP layout."""
-        self._call(RankWorker.load, str(path))
+    def begin_save(self, path: str, background: bool = False) -> None:
+        """Every rank starts its save; returns once each copied its shard to host memory."""
+        self._call(RankWorker.begin_save, str(path), background)
+
+    def end_save(self) -> dict[str, Any]:
+        """Every rank finishes the save; each file's size and SHA-256 (every rank returns them all)."""
+        return self._call(RankWorker.end_save)[0]
+
+    def load(self, path: str, expected: dict[str, Any] | None = None) -> None:
+        """Restore :meth:`save`'s state, possibly written at another TP/PP layout (``expected``: digests)."""
+        damaged = [message for message in self._call(RankWorker.load, str(path), expected) if message]
+        if damaged:
+            raise DigestMismatchError(damaged[0])
 
     def stats(self) -> dict[str, float]:
         """Rank 0's counters (tokens/s, updates); ``peak_*`` memory is the maximum over ranks."""

@@ -26,6 +26,7 @@ import torch
 
 from hacrl_megatron import net
 from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.checkpoint_io import DigestMismatchError
 from hacrl_megatron.agents.local import LocalAgent
 from hacrl_megatron.config import AgentConfig, TrainConfig
 from hacrl_megatron.models.resolved import ResolvedAgent
@@ -232,8 +233,8 @@ class RankWorker:
     def train(self, mini_batches: list[SequenceBatch], loss_fn: LossFn, temperature: float) -> list[dict[str, float]]:
         return self._local.train(mini_batches, loss_fn, temperature)
 
-    def save(self, path: str) -> None:
-        self._local.save(path)
+    def save(self, path: str) -> dict[str, Any]:
+        return self._local.save(path)
 
     def sleep(self, level: str) -> None:
         self._local.sleep(level)
@@ -241,8 +242,21 @@ class RankWorker:
     def wake(self) -> None:
         self._local.wake()
 
-    def load(self, path: str) -> None:
-        self._local.load(path)
+    def begin_save(self, path: str, background: bool) -> None:
+        self._local.begin_save(path, background)
+
+    def end_save(self) -> dict[str, Any]:
+        return self._local.end_save()
+
+    def load(self, path: str, expected: dict[str, Any] | None = None) -> str | None:
+        """None when loaded; a file that differs from the manifest comes back as its message (raised by
+        RayAgent.load) instead of an error, which would tear the agent's world down: the controller
+        then loads the previous checkpoint into the same workers."""
+        try:
+            self._local.load(path, expected)
+        except DigestMismatchError as err:  # every rank finds it: torch's reader shares one rank's failure
+            return str(err)
+        return None
 
     def stats(self) -> dict[str, float]:
         return self._local.stats()

@@ -389,6 +389,10 @@ class CheckpointConfig:
     every: int = 20  # steps between checkpoints; 0 disables
     keep: int = 2  # newest checkpoints kept
     resume: bool = False
+    # true: a save returns once every agent's state is copied to host memory and is written while the next
+    # steps train (finished before the next save and at the end of the run); false: the step waits for the
+    # whole write. null (default): true when this process sees a CUDA device, false on CPU (docs/checkpoints.md)
+    async_save: bool | None = None
     # also export each agent at its best evaluation to <output_dir>/best/<agent>/ (with hacrl_best.json: step,
     # score, metric; the score is eval_accuracy, else the mean avg@k over data.eval_benchmarks; trainer/best.py)
     export_best: bool = False

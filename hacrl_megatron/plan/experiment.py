@@ -36,7 +36,7 @@ from hacrl_megatron.models.dtype import resolve_model_dtype
 from hacrl_megatron.models.provider import ArchSpec, UnsupportedModelError
 from hacrl_megatron.plan.known_models import KNOWN_CONFIGS
 from hacrl_megatron.plan.memory import ENGINE_RUNTIME_GIB, GIB, Workload, engine_memory
-from hacrl_megatron.plan.params import arch_from_config
+from hacrl_megatron.plan.params import arch_from_config, rank_params
 from hacrl_megatron.plan.search import (
     HACRL_COLOCATION,
     AgentPlan,
@@ -54,13 +54,16 @@ from hacrl_megatron.plan.timing import (
     SCHEDULE,
     Assumptions,
     Tokens,
+    checkpoint_rank_bytes,
     checkpoint_seconds,
+    checkpoint_wait_seconds,
     checkpoints_per_run,
     export_seconds,
     overlapped_step_seconds,
     retokenize_seconds,
     separate_jobs_seconds,
     sequential_step_seconds,
+    snapshot_seconds,
     step_seconds,
     verify_seconds,
 )
@@ -302,7 +305,7 @@ def plan_experiment(cfg: ExperimentConfig, cluster: Cluster, preset: dict, assum
     best = _search(works, cluster, choices, assumptions, (verify_s, retokenize_s), objective)
     _, choice, place, plans = best
     step = _step(plans, (verify_s, retokenize_s), overlapping=choice is not None and not place.colocated)
-    step.update(_run_terms(cfg, works, step, assumptions))
+    step.update(_run_terms(cfg, works, plans, step, assumptions, cluster))
     overrides = _overrides(cfg, plans, choice, place, cluster)
     notes = [f"schedule: {SCHEDULE}"]
     if choice is not None and cluster.nodes > 1:
@@ -375,15 +378,31 @@ def _step(plans: list[AgentPlan], controller: tuple[float, float], overlapping: 
     return step
 
 
-def _run_terms(cfg: ExperimentConfig, works: list[AgentWork], step: dict, a: Assumptions) -> dict:
-    """What a whole run adds to its steps: ``checkpoint_s`` (one checkpoint of every agent),
-    ``checkpoints`` (how many ``checkpoint.every`` writes), ``export_s`` (the final HF export) and
-    ``run_s`` (``train.steps`` synchronous steps plus those; evaluation not counted)."""
+def _run_terms(cfg: ExperimentConfig, works: list[AgentWork], plans: list[AgentPlan], step: dict,
+               a: Assumptions, cluster: Cluster) -> dict:
+    """What a whole run adds to its steps: ``checkpoint_s`` (one checkpoint's write), ``checkpoint_async``
+    (``checkpoint.async_save``; unset means true here: plans are for GPUs), ``checkpoint_wait_s`` (what
+    one save holds the loop, :func:`~.timing.checkpoint_wait_seconds`; the saves are
+    ``checkpoint.every`` steps of ``total_s`` apart), ``checkpoint_snapshot_s`` (its copy to host
+    memory), ``checkpoint_host_gib`` (host memory of one node's copies, an upper bound: every GPU of
+    the node holding the largest share), ``checkpoints`` (how many), ``export_s`` (the final
+    HF export) and ``run_s`` (``train.steps`` synchronous steps, every save's wait, the last
+    asynchronous save's write, finished at the end, and the export; evaluation not counted)."""
     params = [w.spec.num_parameters() for w in works]
     ckpt, export = checkpoint_seconds(params, a), export_seconds(params, a)
     count = checkpoints_per_run(cfg.train.steps, cfg.checkpoint.every)
-    return {"checkpoint_s": ckpt, "checkpoints": count, "export_s": export,
-            "run_s": cfg.train.steps * step["total_s"] + count * ckpt + export}
+    asynchronous = cfg.checkpoint.async_save is not False
+    largest = max(checkpoint_rank_bytes(max(rank_params(p.spec, p.layout.tp, p.layout.pp, ep=p.layout.ep,
+                                                        etp=p.layout.etp).per_stage),
+                                        p.layout.dp if p.layout.distributed_optimizer else 1, a) for p in plans)
+    snapshot = snapshot_seconds(largest, a)
+    interval = max(1, cfg.checkpoint.every) * step["total_s"]
+    wait = checkpoint_wait_seconds(ckpt, snapshot, interval, asynchronous)
+    host = largest * min(cluster.gpus_per_node, max(p.trainer_gpus for p in plans))
+    tail = ckpt if asynchronous and count else 0.0
+    return {"checkpoint_s": ckpt, "checkpoint_async": asynchronous, "checkpoint_wait_s": wait,
+            "checkpoint_snapshot_s": snapshot, "checkpoint_host_gib": host / 2**30, "checkpoints": count,
+            "export_s": export, "run_s": cfg.train.steps * step["total_s"] + count * wait + tail + export}
 
 
 def _no_fit(a: AgentWork, gpus: int, cluster: Cluster, near: AgentPlan | None) -> str:

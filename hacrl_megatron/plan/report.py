@@ -75,11 +75,18 @@ def step_fields(plan: ExperimentPlan) -> dict[str, Any]:
     outside training), ``step_time_one_step_off_s`` / ``step_time_async_s`` (rollout overlapped;
     None when this plan's engines are colocated), ``step_stages_s`` (each stage's slowest agent),
     ``step_separate_jobs_s`` (each agent as its own job: ``own_s``, ``barrier_wait_s``, ``step_s``),
-    and the run's terms outside a step: ``checkpoint_s`` (one checkpoint), ``checkpoints`` (how many),
-    ``export_s`` (the final export), ``run_time_s`` (every step, checkpoint and the export)."""
+    and the run's terms outside a step: ``checkpoint_s`` (one checkpoint's write), ``checkpoint_wait_s``
+    (what one save holds the loop: the copy to host memory, ``checkpoint_snapshot_s``, plus the whole
+    write when synchronous or the part the steps until the next save do not cover with
+    ``checkpoint_async``), ``checkpoint_host_gib`` (host memory per node for the copies),
+    ``checkpoints`` (how many), ``export_s`` (the final export), ``run_time_s`` (every step, every
+    save's wait, the last asynchronous write and the export)."""
     s = plan.step
     return {"step_time_s": _r(s["total_s"]), "step_time_sequential_s": _r(s["sequential_s"]),
-            "checkpoint_s": _r(s["checkpoint_s"]), "checkpoints": s["checkpoints"], "export_s": _r(s["export_s"]),
+            "checkpoint_s": _r(s["checkpoint_s"]), "checkpoint_wait_s": _r(s["checkpoint_wait_s"]),
+            "checkpoint_async": s["checkpoint_async"], "checkpoint_snapshot_s": _r(s["checkpoint_snapshot_s"]),
+            "checkpoint_host_gib": _r(s["checkpoint_host_gib"]),
+            "checkpoints": s["checkpoints"], "export_s": _r(s["export_s"]),
             "run_time_s": _r(s["run_s"]),
             "step_time_one_step_off_s": _r(s["one_step_off_s"]), "step_time_async_s": _r(s["async_s"]),
             "step_stages_s": {k: _r(s[k]) for k in STAGES},
@@ -245,8 +252,17 @@ def _step_lines(obj: dict[str, Any]) -> list[str]:
     lines = [f"step estimate: {obj['step_time_s']:.1f} s = rollout {st['rollout_s']:.1f} + verify {st['verify_s']:.1f}"
              f" + re-tokenise {st['retokenize_s']:.1f} + pi_old {st['old_logprob_s']:.1f} + train {st['train_s']:.1f}"
              f" + sync {st['sync_s']:.1f} (every stage for all agents at once, each its slowest agent's time)",
-             f"  run: {obj['run_time_s']:.0f} s = steps + {obj['checkpoints']} checkpoint(s) of {obj['checkpoint_s']:.1f} s"
-             f" + final export {obj['export_s']:.1f} s (evaluation not counted)",
+             f"  run: {obj['run_time_s']:.0f} s = steps + {obj['checkpoints']} checkpoint wait(s) of "
+             f"{obj['checkpoint_wait_s']:.1f} s" + (f" + the last checkpoint's write {obj['checkpoint_s']:.1f} s"
+                                                    if obj["checkpoint_async"] and obj["checkpoints"] else "")
+             + f" + final export {obj['export_s']:.1f} s (evaluation not counted)",
+             f"  checkpoint: {obj['checkpoint_s']:.1f} s to write (every agent at once, hashed as written); each save "
+             f"holds the loop {obj['checkpoint_wait_s']:.1f} s = "
+             f"{100 * obj['checkpoint_wait_s'] / max(obj['step_time_s'], 1e-9):.1f}% of a step ("
+             + (f"checkpoint.async_save: {obj['checkpoint_snapshot_s']:.1f} s copying each GPU's share to host memory, "
+                f"up to {obj['checkpoint_host_gib']:.0f} GiB per node, and the part of the previous write the steps "
+                "since did not cover" if obj["checkpoint_async"]
+                else "checkpoint.async_save=false: the copy to host memory and the whole write") + ")",
              f"  previous loop (rollout, pi_old and sync one agent after another): "
              f"{obj['step_time_sequential_s']:.1f} s"]
     off = obj.get("step_time_one_step_off_s")

@@ -28,7 +28,10 @@ First-order models, every constant in :class:`Assumptions` and printed with the 
   measured of its own push on CPU, :data:`MEASURED_SYNC_S_PER_GB`), then the probe (one sequence
   through the trainer and the engine, :func:`probe_seconds`);
 * checkpoint and export (:func:`checkpoint_seconds`, :func:`export_seconds`): bytes over the shared
-  filesystem's bandwidth, per checkpoint and once at the end; not part of a step.
+  filesystem's bandwidth, per checkpoint and once at the end; what a save costs the step is
+  :func:`checkpoint_wait_seconds`: the copy of each GPU's share to host memory
+  (:func:`snapshot_seconds`) plus, with ``checkpoint.async_save``, only the part of the write that
+  the steps until the next save do not cover (the whole write without it).
 
 The step is the schedule the loop runs (:func:`step_seconds`): the stages rollout → verify →
 re-tokenise → π_old → train → sync run one after another, each for every agent at once, so each
@@ -70,6 +73,8 @@ class Assumptions:
     # (decode, re-encode, decode back, Python bookkeeping): 7.5-7.9 µs measured with one or two Rust
     # threads on a loaded 2-core machine (benchmarks/bench_retokenize.py), an upper figure
     checkpoint_bytes_per_param: float = 14.0  # bf16 weights + fp32 master weights and Adam's two moments
+    host_copy_gbps: float = 10.0  # device → host copy of one GPU's checkpoint share (every GPU at once; pageable
+    # host memory: pinned copies reach 25-50 GB/s on PCIe Gen4/Gen5)
 
     def as_dict(self) -> dict[str, float]:
         return asdict(self)
@@ -271,11 +276,36 @@ def probe_seconds(spec: ArchSpec, layout: Layout, engine_tp: int, gpu: GPU, tok:
 
 
 def checkpoint_seconds(parameters: list[int], a: Assumptions) -> float:
-    """One checkpoint of every agent (``trainer/checkpoint.py``): the agents write one after another
-    (``checkpoint_bytes_per_param`` each: bf16 weights and the fp32 optimizer state), then the
-    controller reads every file back for the manifest's SHA-256, both over the shared filesystem."""
+    """One checkpoint's write (``trainer/checkpoint.py``): every agent writes at once
+    (``checkpoint_bytes_per_param`` per parameter: bf16 weights and the fp32 optimizer state), all
+    over the shared filesystem's bandwidth; each file is hashed for the manifest as it is written,
+    so nothing is read back."""
     nbytes = sum(parameters) * a.checkpoint_bytes_per_param
-    return 2 * nbytes / (a.disk_gbps * 1e9)
+    return nbytes / (a.disk_gbps * 1e9)
+
+
+def checkpoint_rank_bytes(rank_parameters: int, optimizer_shards: int, a: Assumptions) -> float:
+    """Bytes of one rank's share of a checkpoint: its ``rank_parameters`` once as bf16 weights (a DP
+    replica's first rank writes them), plus the fp32 optimizer state (the rest of
+    ``checkpoint_bytes_per_param``) over the ``optimizer_shards`` ranks the distributed optimizer
+    spreads it on (DP; 1 without it: the first replica writes it all)."""
+    weights = 2.0
+    return rank_parameters * (weights + (a.checkpoint_bytes_per_param - weights) / max(1, optimizer_shards))
+
+
+def snapshot_seconds(rank_bytes: float, a: Assumptions) -> float:
+    """The copy of the largest rank's share of a checkpoint (:func:`checkpoint_rank_bytes`) from GPU to
+    host memory; every rank copies at once, and the save starts writing after it."""
+    return rank_bytes / (a.host_copy_gbps * 1e9)
+
+
+def checkpoint_wait_seconds(write_s: float, snapshot_s: float, interval_s: float, asynchronous: bool) -> float:
+    """Seconds one save holds the loop (the checkpoint's cost on the critical path). Synchronous: the
+    copy to host memory and the whole write. Asynchronous (``checkpoint.async_save``): the copy, plus
+    whatever of the previous save's write the ``interval_s`` of steps since it did not cover."""
+    if not asynchronous:
+        return snapshot_s + write_s
+    return snapshot_s + max(0.0, write_s - interval_s)
 
 
 def export_seconds(parameters: list[int], a: Assumptions) -> float:

@@ -32,7 +32,7 @@ from hacrl_megatron.reward.pool import VerifierPool
 from hacrl_megatron.rollout.servers import StartTogether
 from hacrl_megatron.trainer import stages
 from hacrl_megatron.trainer.best import update_best
-from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from, save_checkpoint
+from hacrl_megatron.trainer.checkpoint import load_checkpoint, resume_from
 from hacrl_megatron.trainer.colocation import ColocationSchedule
 from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
@@ -46,6 +46,7 @@ from hacrl_megatron.trainer.metrics import MetricsLogger
 from hacrl_megatron.trainer.peers import PeerAgent, PeerExchange
 from hacrl_megatron.trainer.pretrain import apply_warmup
 from hacrl_megatron.trainer.rollout_source import RolloutRecord, RolloutSource, make_source, with_behaviour
+from hacrl_megatron.trainer.run_checkpoints import RunCheckpoints, async_saves
 from hacrl_megatron.trainer.run_folder import checkpoint_dir, claim_run_folder, resume_note
 from hacrl_megatron.trainer.runtime import AgentRuntime, build_runtime, configure_process, export_hf
 from hacrl_megatron.trainer.samples import sample_rows, write_samples, writes_samples
@@ -78,6 +79,7 @@ class Run:
     agents: list[Any] = field(default_factory=list)
     peers: PeerExchange | None = None  # `hacrl train --agent`: the exchange with the other jobs (trainer/peers.py)
     colocation: ColocationSchedule | None = None  # who holds the shared GPUs when (trainer/colocation.py)
+    checkpoints: RunCheckpoints | None = None  # the run's saves, one in flight with checkpoint.async_save (_save)
 
     def __post_init__(self) -> None:
         self.agents = self.agents or list(self.runtimes)
@@ -348,7 +350,9 @@ def _save(run: Run) -> None:
     # overlapping run also saves its finished, untrained batches with their behaviour log-probs
     state = {"tracker": run.tracker.state_dict(), "history": run.history, "rollout": _rollout_state(run),
              "best": run.best, "rollout_tokens": dict(run.rollout_tokens)}
-    save_checkpoint(checkpoint_dir(run.exp), run.step, run.runtimes, state, keep=run.exp.checkpoint.keep)
+    if run.checkpoints is None:
+        run.checkpoints = RunCheckpoints(checkpoint_dir(run.exp), run.exp.checkpoint.keep, async_saves(run.exp))
+    run.checkpoints.save(run.step, run.runtimes, state)  # async: written while the next steps train
 
 
 def _resume(run: Run) -> bool:
@@ -454,6 +458,8 @@ def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) ->
             out.log(0, _evaluate(run, out), advance=False)
         while run.step < exp.train.steps:
             metrics = guarded_step(run, train_step)  # a non-finite loss/grad/weights stops before the checkpoint
+            if run.checkpoints is not None and (waited := run.checkpoints.take_wait_s()) is not None:
+                metrics["time/checkpoint_wait_s"] = waited  # the save after the previous step
             if _evaluates(exp, run.step):
                 metrics.update(_evaluate(run, out))
             summary = {f"{n} reward": metrics[f"{n}/reward_mean"] for n in run.names}  # the progress bar's labels
@@ -462,6 +468,8 @@ def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) ->
             every = exp.checkpoint.every
             if every and (run.step % every == 0 or run.step == exp.train.steps):
                 _save(run)
+        if run.checkpoints is not None:
+            run.checkpoints.finish()  # the last checkpoint is complete before the final export
         if run.history:
             out.write(accuracy_table(run.history, exp))
         run.colocation.for_training()
@@ -474,6 +482,8 @@ def _train(exp: ExperimentConfig, run_id: str = "", agent: str | None = None) ->
         failure = err
         raise
     finally:  # the error that stopped the run stays primary (a full disk also fails closing the metrics)
+        if failure is not None and run.checkpoints is not None:
+            run.checkpoints.settle(failure)  # a save in flight: finished after an error, abandoned when interrupted
         closers = [run.source.close, out.close, run.verifier.close, *(rt.close for rt in run.runtimes)]
         close_all(closers + ([run.peers.close] if run.peers is not None else []), primary=failure)
     return run

@@ -7,13 +7,15 @@ starting a world costs ~10 s of imports:
 * sequence log-probs equal the in-process TP = 1 LocalAgent built from the same HF weights;
 * one train() update gives the same loss, grad norm and exported HF weights;
 * save → another update → load restores the saved log-probs, and the checkpoint also loads into
-  the TP = 1 LocalAgent (reshardable);
+  the TP = 1 LocalAgent (reshardable); a flipped byte in a shard is named on load, and the agent
+  then loads the intact checkpoint;
 * failures name the agent and rank: a killed rank, an exception inside loss_fn, a layout larger
   than the cluster.
 """
 
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
@@ -23,6 +25,7 @@ ray = pytest.importorskip("ray")
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
+from hacrl_megatron.agents.checkpoint_io import DigestMismatchError  # noqa: E402
 from hacrl_megatron.agents.ray_agent import RayAgent, RayAgentError, build_ray_agent  # noqa: E402
 from hacrl_megatron.agents.ray_placement import rank_envs, rank_order, require_ray  # noqa: E402
 from hacrl_megatron.agents.ray_worker import SharedStateDict  # noqa: E402
@@ -95,11 +98,20 @@ def test_tp2_ray_agent_equals_tp1_local_and_checkpoints(tmp_path):
         next(iter(agent.export_hf_weights()))  # abandoned mid-stream: the next export starts afresh
         assert [n for n, _ in agent.export_hf_weights()] == list(ref["weights"])
         saved_lp, _ = agent.sequence_logprobs(batch)
-        agent.save(str(tmp_path / "ck"))
+        digests = agent.save(str(tmp_path / "ck"))  # both ranks' files, hashed as written
+        assert {name for name in digests if name.endswith(".distcp")} == {
+            p.name for p in (tmp_path / "ck").glob("*.distcp")}
         pending = agent.train_async([batch], sft_loss)  # returns at once; the ranks update meanwhile
         assert pending.result()[0]["lr"] == LR
         assert not torch.allclose(agent.sequence_logprobs(batch)[0], saved_lp, atol=1e-5)
-        agent.load(str(tmp_path / "ck"))
+        shutil.copytree(tmp_path / "ck", tmp_path / "flipped")
+        shard = sorted((tmp_path / "flipped").glob("*.distcp"))[-1]
+        data = bytearray(shard.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        shard.write_bytes(bytes(data))
+        with pytest.raises(DigestMismatchError, match=rf"{shard.name} does not match its SHA-256"):
+            agent.load(str(tmp_path / "flipped"), digests)  # found by the rank that reads it ...
+        agent.load(str(tmp_path / "ck"), digests)  # ... and the agent's world is still there to load the good one
         torch.testing.assert_close(agent.sequence_logprobs(batch)[0], saved_lp, rtol=1e-6, atol=1e-6)
         assert agent.stats()["updates"] == 1.0
 

@@ -47,6 +47,14 @@ MEGATRON_DAMAGE = {
     "common.pt removed": (lambda c: (c / "agents/qwen3/common.pt").unlink(), "common.pt is missing"),
     ".metadata removed": (lambda c: (c / "agents/llama/.metadata").unlink(), ".metadata is missing"),
     "state.pt truncated": (lambda c: truncate(c / "state.pt"), "state.pt"),
+    # same size, other bytes: found by the hash of what the resume loads, naming the file
+    "a byte flipped in a .distcp shard": (lambda c: flip_byte(first(c / "agents/llama", "*.distcp")),
+                                          ".distcp does not match its SHA-256"),
+    "a byte flipped in .metadata": (lambda c: flip_byte(c / "agents/qwen3/.metadata"),
+                                    ".metadata does not match its SHA-256"),
+    "a byte flipped in common.pt": (lambda c: flip_byte(c / "agents/llama/common.pt"),
+                                    "common.pt does not match its SHA-256"),
+    "a byte flipped in state.pt": (lambda c: flip_byte(c / "state.pt"), "state.pt does not match its SHA-256"),
 }
 
 

@@ -22,7 +22,7 @@ from hacrl_megatron import durable
 from hacrl_megatron.cli import main
 from hacrl_megatron.durable import OutOfSpaceError
 from hacrl_megatron.trainer import checkpoint as ckpt
-from hacrl_megatron.trainer import loop
+from hacrl_megatron.trainer import loop, run_checkpoints
 from hacrl_megatron.trainer import metrics as metrics_mod
 from hacrl_megatron.trainer.metrics import JsonlWriter, MetricsLogger, read_metrics, read_metrics_lines
 from hacrl_megatron.trainer.run_folder import checkpoint_dir
@@ -80,13 +80,13 @@ def test_injected_enospc_during_a_save_keeps_the_previous_checkpoint_and_the_run
         loop.train_step(run)
         loop._save(run)
         loop.train_step(run)
-        real_save = run.runtimes[1].trainer.save
+        real_end_save = run.runtimes[1].trainer.end_save
 
-        def save_then_disk_full(path):
-            real_save(path)  # this agent's files land; the next write finds the disk full
+        def save_then_disk_full():
+            real_end_save()  # this agent's files land; the next write finds the disk full
             raise OSError(errno.ENOSPC, "No space left on device")
 
-        monkeypatch.setattr(run.runtimes[1].trainer, "save", save_then_disk_full)
+        monkeypatch.setattr(run.runtimes[1].trainer, "end_save", save_then_disk_full)
         with pytest.raises(OutOfSpaceError) as info:
             loop._save(run)
     finally:
@@ -109,7 +109,7 @@ def test_injected_enospc_during_a_save_keeps_the_previous_checkpoint_and_the_run
 def torch_zip_writer_error(monkeypatch, run):
     """torch.save on a full disk: ``RuntimeError: [enforce fail ...] unexpected pos`` (no errno)."""
     def fail(obj, f, *args, **kwargs):
-        Path(f).write_bytes(b"partial")
+        f.write(b"partial")  # checkpoint files are written through hashing file objects
         raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
 
     monkeypatch.setattr(torch, "save", fail)
@@ -120,13 +120,13 @@ def megatron_writer_error(monkeypatch, run):
     carrying the writer process's ``Worker failure`` per rank."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    def fail(path):
-        Path(path).mkdir(parents=True)
+    def fail(path, background=False):
+        Path(path).mkdir(parents=True, exist_ok=True)
         (Path(path) / "__0_0.distcp").write_bytes(b"partial")
         worker = RuntimeError("Worker failure: [enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")
         raise CheckpointException("write", {0: (worker, None)})
 
-    monkeypatch.setattr(run.runtimes[0].trainer, "save", fail)
+    monkeypatch.setattr(run.runtimes[0].trainer, "begin_save", fail)
 
 
 @pytest.mark.parametrize("writer", [torch_zip_writer_error, megatron_writer_error])
@@ -187,7 +187,7 @@ def test_the_error_that_stopped_the_run_stays_primary(tmp_path, monkeypatch, cap
     def close_fails(self):
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(loop, "save_checkpoint", no_space)
+    monkeypatch.setattr(run_checkpoints, "begin_checkpoint", no_space)
     monkeypatch.setattr(MetricsLogger, "close", close_fails)
     caplog.set_level(logging.WARNING, logger="hacrl_megatron")
     with pytest.raises(OutOfSpaceError, match="no space left on .*checkpoints, needed ~1.0 MB"):

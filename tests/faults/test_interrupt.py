@@ -63,8 +63,8 @@ def test_an_interrupted_save_leaves_no_temp_folder_even_when_a_writer_adds_a_fil
     late = []
 
     class LateWriter:
-        def save(self, path):
-            Path(path).mkdir(parents=True)
+        def begin_save(self, path, background=False):
+            Path(path).mkdir(parents=True, exist_ok=True)
 
             def write_after_the_removal():
                 time.sleep(0.3)

@@ -37,7 +37,7 @@ def saved(tmp_path):
     run = start(exp)
     try:
         loop.train_step(run)
-        return exp, loop.save_checkpoint(checkpoint_dir(exp), 1, run.runtimes, {"history": {}})
+        return exp, ckpt.save_checkpoint(checkpoint_dir(exp), 1, run.runtimes, {"history": {}})
     finally:
         for rt in run.runtimes:
             rt.close()

@@ -118,8 +118,9 @@ def test_calls_that_read_parked_state_raise_instead_of_reading_freed_memory():
     assert torch.equal(agent.sequence_logprobs(probe)[0], awake_sums)
     with pytest.raises(AgentAsleep, match=r"train\(\) needs the agent fully awake.*level 'optimizer'"):
         agent.train([probe], sft_loss)
-    with pytest.raises(AgentAsleep, match=r"save\(\)"):
-        agent.save("/nonexistent")
+    for call in (agent.save, agent.begin_save, agent.load):  # the checkpoint mixin's entry points too
+        with pytest.raises(AgentAsleep, match=rf"{call.__name__}\(\)"):
+            call("/nonexistent")
     agent.sleep("all")
     for call in (lambda: agent.sequence_logprobs(probe), agent.export_hf_weights, agent.keep_reference):
         with pytest.raises(AgentAsleep, match="needs the agent its weights awake.*level 'all'"):
