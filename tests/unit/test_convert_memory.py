@@ -21,8 +21,12 @@ spec = importlib.util.spec_from_file_location("bench_convert_memory",
 bench = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bench)
 
+# The build's own peak: memory the imports freed is handed back to the system first (malloc_trim), and
+# the kernel's high-water mark is reset to the current RSS (clear_refs 5), so neither an import's peak
+# nor reused free memory hides what the build allocates. Without those (a non-Linux kernel) the old
+# ru_maxrss difference, a lower bound.
 _BUILD = r"""
-import resource, sys, torch
+import ctypes, resource, sys, torch
 from hacrl_megatron.models.parallel import init_parallel
 from hacrl_megatron.models.provider import ArchSpec, build_gpt_model
 torch.set_num_threads(1)
@@ -30,9 +34,21 @@ init_parallel(1, 1, 1)
 spec = ArchSpec(arch="llama", hidden_size=1024, num_layers=1, num_heads=8, num_kv_heads=4, head_dim=128,
                 ffn_hidden_size=1024, vocab_size=64000, max_position_embeddings=64, rope_theta=1e4,
                 rms_norm_eps=1e-5, tie_embeddings=False, dtype="bfloat16")
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+
+def status_kib(field):
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith(field + ":"))
+
+try:
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    before, peak = status_kib("VmRSS"), lambda: status_kib("VmHWM")
+except OSError:
+    before, peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, \
+        lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 model = build_gpt_model(spec, init_weights=sys.argv[1] == "1")
-print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) * 1024)
+print((peak() - before) * 1024)
 """
 
 
@@ -48,9 +64,9 @@ def test_conversion_builds_without_megatron_init_copies():
     ``init_weights=False`` and allocates nothing it does not load."""
     vocab_matrices = 2 * 64000 * 1024 * 2  # embedding + output layer, bf16
     with_init, without = _build_peak(True), _build_peak(False)
-    # RSS growth is a lower bound of what was allocated (the allocator reuses memory freed by imports:
-    # measured 274-360 MB here for ~786 MB of bf16 weights plus fp32 masters), so only "at least half
-    # the bf16 weights" is asserted for the initialising build
+    # the build's own peak RSS (_BUILD): measured 825 MB here with initialisation (~262 MB of bf16
+    # vocabulary matrices, the rest of the model and the fp32 copies), 7 MB without; only "at least half
+    # the bf16 vocabulary matrices" is asserted, so a kernel without clear_refs (a lower bound) passes too
     assert with_init > vocab_matrices // 2
     assert without < vocab_matrices // 4  # untouched until loaded
 
