@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
 import pickle
 from collections.abc import Iterator
@@ -57,6 +58,19 @@ _META = "hacrl_meta"
 _HF_CONFIG = "hf_config"
 _OPT_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 _REQUIRED_FILES = ("metadata.json",)  # every torch_dist checkpoint has it
+
+
+
+@functools.cache
+def _save_takes_async_strategy() -> bool:
+    """Whether this megatron-core's ``dist_checkpointing.save`` has the ``async_strategy`` argument (0.19)."""
+    import inspect
+
+    try:
+        from megatron.core import dist_checkpointing
+    except ImportError:
+        return False
+    return "async_strategy" in inspect.signature(dist_checkpointing.save).parameters
 
 
 def _required_files() -> tuple[str, ...]:
@@ -140,7 +154,10 @@ def begin_save(path: str, model: Any, optimizer: Any, scheduler: Any, spec: Arch
     if hf_config is not None:
         state[_HF_CONFIG] = hf_config.to_dict()
     _in_process_results_queue()
-    request = dist_checkpointing.save(state, path, async_sharded_save=True)  # plans, writes common.pt
+    # megatron-core >= 0.19 defaults the asynchronous strategy to "nvrx" (NVIDIA's resiliency extension,
+    # a package of its own); "mcore" is the request our writer runs (agents/dcp_writer.py)
+    strategy = {"async_strategy": "mcore"} if _save_takes_async_strategy() else {}
+    request = dist_checkpointing.save(state, path, async_sharded_save=True, **strategy)  # plans, writes common.pt
     return PendingSave(path, request, start_writing(request, path, copy=background, name=os.path.basename(path)))
 
 

@@ -29,10 +29,14 @@ import torch
 
 from hacrl_megatron.agents.checkpoint_io import BackgroundWrite, FileDigest, HashingWriter
 
+# FileSystemWriterAsync's write of a request: (transform_list, use_msc) bound, (rank, write_buckets,
+# results_queue) as arguments, one {bucket index: write results} into the queue; renamed in 0.19
+WRITE_FUNCTIONS = ("write_preloaded_data_multiproc", "write_preloaded_data_multithread")
+
 
 def _expected_request(request: Any) -> bool:
     fn = getattr(request, "async_fn", None)
-    return (isinstance(fn, partial) and getattr(fn.func, "__name__", "") == "write_preloaded_data_multiproc"
+    return (isinstance(fn, partial) and getattr(fn.func, "__name__", "") in WRITE_FUNCTIONS
             and len(request.async_fn_args) == 3)
 
 
@@ -107,7 +111,7 @@ def start_writing(request: Any, folder: str, copy: bool, name: str) -> Backgroun
         import megatron.core
 
         raise RuntimeError(f"megatron-core {megatron.core.__version__}: its async save request is not the "
-                           "FileSystemWriterAsync one agents/dcp_writer.py writes (written for 0.16)")
+                           "FileSystemWriterAsync one agents/dcp_writer.py writes (written for 0.16 and 0.19)")
     _rank, write_buckets, results_queue = request.async_fn_args
     transforms = list(request.async_fn.args[0])
     buckets = host_copy(write_buckets, copy)

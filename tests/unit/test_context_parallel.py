@@ -44,16 +44,27 @@ def _te_partitioned_indices(cu_padded: list[int], total: int, cp: int, rank: int
 
 @pytest.mark.parametrize("cp", [2, 4])
 def test_a_padded_row_splits_as_megatron_does(cp, monkeypatch):
+    import inspect
+
     from megatron.core import parallel_state as mpu
     from megatron.core.utils import get_batch_on_this_cp_rank
 
+    # 0.16 reads the CP size and rank from parallel_state; 0.19 from the group it is given (and needs
+    # is_hybrid_cp, a cu_seqlens key of None for one sequence per row)
+    takes_group = "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters
     length = 2 * cp * 5
     row = torch.arange(length).view(1, -1) * 10 + 7
     seen = []
     for rank in range(cp):
         monkeypatch.setattr(mpu, "get_context_parallel_world_size", lambda: cp)
         monkeypatch.setattr(mpu, "get_context_parallel_rank", lambda r=rank: r)
-        theirs = get_batch_on_this_cp_rank({"tokens": row.clone()})["tokens"]
+        if takes_group:
+            monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: cp)
+            monkeypatch.setattr(torch.distributed, "get_rank", lambda group=None, r=rank: r)
+            theirs = get_batch_on_this_cp_rank({"tokens": row.clone(), "cu_seqlens": None}, False,
+                                               cp_group=object())["tokens"]
+        else:
+            theirs = get_batch_on_this_cp_rank({"tokens": row.clone()})["tokens"]
         positions = local_positions(length, cp, rank)
         assert torch.equal(row[:, positions], theirs)
         seen += positions.tolist()
