@@ -167,3 +167,34 @@ class DaemonCall:
         if not self.done.is_set():
             return "still waiting (its server leaves the group when the group times out)"
         return f"failed: {self.error}" if self.error is not None else "done"
+
+
+class RankSenders:
+    """The senders a transport keeps open on an agent's Ray ranks (``self.ranks``: ``open_weight_sender``,
+    ``push_weights``, ``close_weight_sender``) between pushes. A restarted server or a failed push marks
+    them stale (``_stale``); the next push closes them and opens fresh ones (new weight groups)."""
+
+    ranks: Any
+    _senders_open: bool = False
+    _stale: bool = False
+
+    def _push_through_ranks(self, engines: Sequence[Any], version: int, factory: Callable[[], Any]) -> Any:
+        """Open the ranks' senders with ``factory()`` when none are open or they are stale, then push."""
+        if not self._senders_open or self._stale:
+            self._close_ranks()
+            self.ranks.open_weight_sender(factory())
+            self._senders_open, self._stale = True, False
+        try:
+            return self.ranks.push_weights([e.detached() for e in engines], version)
+        except BaseException:
+            self._stale = True
+            raise
+
+    def _close_ranks(self) -> None:
+        if not self._senders_open:
+            return
+        self._senders_open = False
+        try:
+            self.ranks.close_weight_sender()
+        except Exception:  # noqa: BLE001  (an agent already shut down took its groups with it)
+            pass

@@ -53,6 +53,7 @@ from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineError, 
 from hacrl_megatron.sync.base import (
     DaemonCall,
     NamedTensors,
+    RankSenders,
     buckets,
     on_all,
     tensor_bytes,
@@ -128,7 +129,7 @@ class _InFlight:
     flat: torch.Tensor  # kept alive until the broadcast completed
 
 
-class DistributedTransport:
+class DistributedTransport(RankSenders):
     """Args:
         bucket_bytes: bytes per broadcast (``rollout.weight_sync_bucket_mb``).
         backend: "nccl", "gloo", or "auto" (nccl when this process has CUDA, else gloo: a trainer
@@ -369,27 +370,13 @@ class DistributedTransport:
         The senders are opened once and keep their group between pushes; a restarted server or a
         failed push (``_stale``) opens fresh ones, whose rank 0 rebuilds the group.
         """
-        if not self._senders_open or self._stale:
-            self._close_ranks()
+        def factory() -> RankSenderFactory:
             # the engines' NCCL is read here, where their server handles are; rank 0 compares its own
             versions = engine_versions(engines) if self.backend_choice != "gloo" else {}
-            self.ranks.open_weight_sender(RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name,
-                                                            self.master_address, self.timeout_s, versions))
-            self._senders_open, self._stale = True, False
-        try:
-            return self.ranks.push_weights([e.detached() for e in engines], version)
-        except BaseException:
-            self._stale = True
-            raise
+            return RankSenderFactory(self.bucket_bytes, self.backend_choice, self.group_name, self.master_address,
+                                     self.timeout_s, versions)
 
-    def _close_ranks(self) -> None:
-        if not self._senders_open:
-            return
-        self._senders_open = False
-        try:
-            self.ranks.close_weight_sender()
-        except Exception:  # noqa: BLE001  (an agent already shut down took its group with it)
-            pass
+        return self._push_through_ranks(engines, version, factory)
 
 
 def push_from_rank(named_tensors: NamedTensors, transport: DistributedTransport | None,

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hacrl_megatron.rollout.protocol import BroadcastWeightLoader, EngineError
-from hacrl_megatron.sync.base import NamedTensors, weight_update_session
+from hacrl_megatron.sync.base import NamedTensors, RankSenders, weight_update_session
 from hacrl_megatron.sync.distributed import DistributedTransport, check_answering, push_from_rank
 from hacrl_megatron.sync.nccl_version import Version, engine_versions
 
@@ -234,7 +234,7 @@ class StageSenderFactory:
 # the controller's side
 
 
-class StageTransport:
+class StageTransport(RankSenders):
     """The weight transport of a stage-parallel push (module docstring), run from the controller.
 
     Args:
@@ -287,14 +287,10 @@ class StageTransport:
             raise ValueError(f"{type(self).__name__} {self.group_name!r}: the agent's stages send their own export; "
                              "tensors from elsewhere need a transport built without ranks")
         check_answering(engines, self.group_name)
-        if not self._senders_open or self._stale:
-            self._close_ranks()
-            self.ranks.open_weight_sender(self._factory(engines))
-            self._senders_open, self._stale = True, False
         try:
             with self._update(engines, version):
-                return self.ranks.push_weights([e.detached() for e in engines], version)
-        except BaseException:
+                return self._push_through_ranks(engines, version, lambda: self._factory(engines))
+        except BaseException:  # the session's opening or closing too: new groups at the next push
             self._stale = True
             raise
 
@@ -307,11 +303,3 @@ class StageTransport:
         """Close the senders on the agent's ranks (each destroys its stage's group on every engine)."""
         self._close_ranks()
 
-    def _close_ranks(self) -> None:
-        if not self._senders_open:
-            return
-        self._senders_open = False
-        try:
-            self.ranks.close_weight_sender()
-        except Exception:  # noqa: BLE001  (an agent already shut down took its groups with it)
-            pass
