@@ -27,12 +27,13 @@ FAKE_SERVER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_sglang_se
 
 
 def test_the_key_travels_in_a_private_config_file_custom_commands_too(tmp_path):
-    server = SGLangServer(tmp_path, port=30000, api_key="k1")
+    key = "Key-NEVER-in-a-path-1"  # upper case and dashes: no random temporary folder name contains it
+    server = SGLangServer(tmp_path, port=30000, api_key=key)
     line = server.command_line()
-    assert line[-2] == "--config" and "k1" not in " ".join(line)
+    assert line[-2] == "--config" and key not in " ".join(line)
     key_file = Path(line[-1])
     assert key_file.suffix == ".yaml" and tmp_path not in key_file.parents  # SGLang wants .yaml; not in the run
-    assert json.loads(key_file.read_text()) == {"api-key": "k1"}  # JSON is YAML; SGLang makes it --api-key
+    assert json.loads(key_file.read_text()) == {"api-key": key}  # JSON is YAML; SGLang makes it --api-key
     assert key_file.stat().st_mode & 0o777 == 0o600 and key_file.parent.stat().st_mode & 0o777 == 0o700
     server._key_config.discard()
     assert not key_file.parent.exists()
