@@ -6,7 +6,10 @@ imported lazily (``pip install 'hacrl_megatron[launch]'``).
 
 Code shipping (``packager``): ``"git"`` archives the committed checkout (``GitArchivePackager``,
 NeMo-Run's default: uncommitted edits are *not* shipped) into ``/nemo_run/code``, the job's working
-directory; ``"none"`` runs what the container image already has installed.
+directory; ``"none"`` runs what the container image already has installed. NeMo-Run's packager puts the
+checkout's and the job folder's paths into shell commands unquoted, so a checkout under a folder with a
+space fails in ``git rev-parse``; :func:`_packager` gives a subclass that archives such paths itself, with
+the same archive (the committed tree at ``ref``; launch/git_packager.py).
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ def _packager(run: Any, kind: str) -> Any:
     if kind not in PACKAGERS:
         raise ValueError(f"packager={kind!r}: must be one of {list(PACKAGERS)} (git: ship the committed "
                          "checkout; none: the container image has hacrl_megatron installed)")
-    return run.GitArchivePackager() if kind == "git" else run.Packager()
+    if kind == "none":
+        return run.Packager()
+    from hacrl_megatron.launch.git_packager import QuotingGitArchivePackager  # imports nemo_run
+
+    return QuotingGitArchivePackager()
 
 
 def _env(env_vars: dict[str, str] | None) -> dict[str, str]:

@@ -55,12 +55,14 @@ def wait_until_none(marker: str, bound: float) -> float:
     return time.monotonic() - t0
 
 
-def kill_trainer_after(proc: subprocess.Popen, ready: Path, marker: str, expect: int, within: float = 600) -> None:
-    """Wait until ``ready`` exists and ``expect`` server processes run, then SIGKILL the trainer alone."""
+def kill_trainer_after(proc: subprocess.Popen, checkpoints: Path, marker: str, expect: int, within: float = 600) -> None:
+    """Wait until a first checkpoint is under ``checkpoints`` (a step done: any ``step-*`` folder, since with
+    checkpoint.every=1 and keep=1 step 1's is gone once step 2's is written, possibly between two looks) and
+    ``expect`` server processes run, then SIGKILL the trainer alone."""
     deadline = time.monotonic() + within
-    while not (ready.exists() and len(processes_with(marker)) >= expect):
+    while not (any(checkpoints.glob("step-*")) and len(processes_with(marker)) >= expect):
         assert proc.poll() is None, proc.communicate()[1][-3000:]
-        assert time.monotonic() < deadline, f"no {ready} within {within:.0f} s"
+        assert time.monotonic() < deadline, f"no checkpoint under {checkpoints} within {within:.0f} s"
         time.sleep(0.5)
     os.kill(proc.pid, signal.SIGKILL)  # the trainer only: its servers are in sessions of their own
     proc.wait()
@@ -76,7 +78,7 @@ def test_kill_9_of_the_trainer_leaves_no_stand_in_sglang_server(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "hacrl_megatron", "train", "--preset", preset_file(tmp_path, exp)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        kill_trainer_after(proc, checkpoint_dir(exp) / "step-000001", marker, expect=2)
+        kill_trainer_after(proc, checkpoint_dir(exp), marker, expect=2)
         took = wait_until_none(marker, BOUND_S)
         print(f"\nevery stand-in server gone {took:.1f} s after kill -9 of the trainer")
     finally:

@@ -160,3 +160,46 @@ def test_cli_validates_before_submitting(tmp_path, capsys):
     assert "c DRYRUN" in capsys.readouterr().out
     (script,) = glob.glob(str(tmp_path / "exp" / "experiments" / "c" / "*" / "c" / "scripts" / "*.sh"))
     assert "python -m hacrl_megatron train --preset cpu_demo train.steps=2" in open(script).read()
+
+
+def _archive_names(path):
+    import tarfile
+
+    with tarfile.open(path) as tar:
+        return sorted(m.name.removeprefix("./") for m in tar.getmembers() if m.isfile())
+
+
+@pytest.mark.parametrize("folder", ["plain_folder", "a folder with spaces"])
+def test_git_packager_ships_the_committed_tree_from_a_path_with_a_space(tmp_path, folder):
+    import subprocess
+
+    repo = tmp_path / folder / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "a.py").write_text("A = 1\n")
+    (repo / "README.md").write_text("r\n")
+    git = ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "x"], check=True)
+    (repo / "uncommitted.txt").write_text("not shipped\n")
+    packager = _slurm(tmp_path, packager="git").packager
+    job_dir = tmp_path / folder / "job dir"
+    job_dir.mkdir()
+    out = packager.package(repo, str(job_dir), "job")
+    assert out == str(job_dir / "job.tar.gz") and _archive_names(out) == ["README.md", "pkg/a.py"]
+    assert packager.package(repo, str(job_dir), "job") == out  # an existing archive is reused, as NeMo-Run does
+
+
+def test_git_packager_refuses_what_it_cannot_ship_from_a_quoted_path_naming_it(tmp_path):
+    import subprocess
+
+    repo = tmp_path / "with space" / "repo"
+    repo.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    packager = _slurm(tmp_path, packager="git").packager
+    packager.include_pattern = ["extra/*"]
+    packager.include_pattern_relative_path = [""]
+    with pytest.raises(RuntimeError, match=r"the checkout '.*with space/repo'.*--packager none"):
+        packager.package(repo, str(tmp_path / "with space"), "job")
+    with pytest.raises(RuntimeError, match=r"git rev-parse --show-toplevel` in '.*not a repo' failed"):
+        _slurm(tmp_path, packager="git").packager.package(tmp_path / "not a repo", str(tmp_path), "job")
