@@ -14,7 +14,9 @@ For each learner k and source j ≠ k it reports, separately for correct (R > 0)
 the share of cross samples with s > 1, s in [1 − δ, 1] and s < 1 − δ, with s the sequence ratio of
 eq. 11 (per-token normalised), and the median log s normalised per token (eq. 11) and per UTF-8
 byte of the response text (Σ log π / bytes on both sides), to tell whether tokenizer granularity
-drives the ratios.
+drives the ratios. On a task with problem families (``add_sub_cot``) each of these rows is also split by
+the prompt's family (``adder on subtractor / sub / correct``): where a source's correct answers on its
+strong family sit in the other learner's window (``cpu_complement``, docs/algorithm.md §10b).
 
 Next to the paper's Table 6 (the cross-agent sequence ratio s of its runs: mean 0.896, range
 0.862-0.936) it prints the distribution of s per learner over all cross samples: mean, the 5/25/50/75/95 %
@@ -69,6 +71,7 @@ def score_pairs(run: loop.Run, prompts: int) -> list[dict[str, Any]]:
     exp = run.exp
     offset = exp.train.steps * exp.train.prompts_per_step  # past every prompt the run trained on
     records = run.task.sample(prompts, offset=offset)
+    family = {r.id: (run.task.family_of(r) if getattr(run.task, "families", ()) else None) for r in records}
     data = stages.verify(run.verifier, records, stages.rollout(run.runtimes, records, exp, run.algorithm, step=10**6),
                          10**6, exp.rollout.max_response_len + 1)
     # Σ log π^(j) of each response, its own tokens
@@ -88,6 +91,7 @@ def score_pairs(run: loop.Run, prompts: int) -> list[dict[str, Any]]:
                 t = trajs[i]
                 n_bytes = max(len(t.response_text.encode("utf-8")), 1)
                 out.append({"learner": rt.name, "source": src.name, "correct": t.reward > 0,
+                            "family": family.get(t.prompt_id),
                             "log_s_token": s_k / l_k - t.source_logp_sum / t.source_len,
                             "log_s_byte": (s_k - t.source_logp_sum) / n_bytes})
     return out
@@ -97,13 +101,16 @@ def summarise(rows: list[dict[str, Any]], low: float) -> dict[str, Any]:
     import math
 
     out: dict[str, Any] = {}
+    families = sorted({r.get("family") for r in rows} - {None})
     for key in sorted({(r["learner"], r["source"]) for r in rows}):
-        for correct in (True, False):
-            sel = [r for r in rows if (r["learner"], r["source"]) == key and r["correct"] == correct]
+        for family, correct in [(None, c) for c in (True, False)] + [(f, c) for f in families for c in (True, False)]:
+            sel = [r for r in rows if (r["learner"], r["source"]) == key and r["correct"] == correct
+                   and (family is None or r.get("family") == family)]
             if not sel:
                 continue
             s = [math.exp(r["log_s_token"]) for r in sel]
-            out[f"{key[0]} on {key[1]} / {'correct' if correct else 'wrong'}"] = {
+            part = "" if family is None else f"{family} / "
+            out[f"{key[0]} on {key[1]} / {part}{'correct' if correct else 'wrong'}"] = {
                 "n": len(sel),
                 "frac_s_above_1": sum(v > 1 for v in s) / len(s),
                 "frac_in_window": sum(low <= v <= 1 for v in s) / len(s),

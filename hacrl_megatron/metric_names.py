@@ -3,7 +3,7 @@
 Patterns hold placeholders: ``<agent>`` (an agent's name, the learner k), ``<source>`` (another agent's
 name, the source j of a response), ``<benchmark>`` (a name of ``data.eval_benchmarks``), ``<k>``
 (``train.eval_samples``), ``<engine>`` (``engine0``, ``engine1``, ... of an agent's engine pool) and
-``<stat>`` (a counter of the named component). The reference page ``docs/reference.md`` is generated
+``<stat>`` (a counter of the named component), ``<family>`` (a problem family of ``data.task``). The reference page ``docs/reference.md`` is generated
 from this table, and a test trains tiny runs and checks that every name they log matches an entry.
 Equations refer to docs/algorithm.md and the paper.
 """
@@ -52,6 +52,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/exchange/from_<source>/truncated_prompt", "fraction", "share whose prompt lost its left end"),
     ("<agent>/exchange/from_<source>/truncated_response", "fraction", "share whose response lost its right end"),
     ("<agent>/eval_accuracy", "fraction", "greedy accuracy on the task's held-out set (data.eval_size problems)"),
+    ("<agent>/eval/<family>/accuracy", "fraction", "greedy accuracy on one problem family's share of the held-out "
+     "set (a task with families, e.g. add_sub_cot: add, sub)"),
     ("<agent>/eval/<benchmark>/avg@<k>", "fraction",
      "mean share of correct samples per problem, k = train.eval_samples samples (data.eval_benchmarks)"),
     ("<agent>/eval/<benchmark>/pass@<k>", "fraction", "unbiased pass@k: at least one of k samples correct"),
@@ -74,6 +76,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
      "share of cross sequences with A ≠ 0 the cross window leaves without gradient (eq. 14)"),
     ("<agent>/hacpo/cross_clipfrac/<source>/pos", "fraction", "the same among the source's sequences with A > 0"),
     ("<agent>/hacpo/cross_clipfrac/<source>/neg", "fraction", "the same among the source's sequences with A < 0"),
+    ("<agent>/hacpo/cross_grad_share", "fraction", "‖g_cross‖/‖g‖, g = ∂ΣJ/∂ℓ per sequence (ℓ: its per-token "
+     "mean log-likelihood): the share of the update carried by cross samples (docs/algorithm.md §10b)"),
     ("<agent>/hacpo/cross_lower_bound", "ratio", "lower bound of the cross window at this update (eq. 14)"),
     ("<agent>/hacpo/cross_center/<source>", "log ratio", "the adaptive window's centre c for the pair (§5b)"),
     ("<agent>/hacpo/cross_log_ratio_median/<source>", "log ratio", "median log s of the pair's sequences"),
@@ -104,7 +108,7 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("rollout/wait_s", "s", "time the step waited for its batch (overlapping rollout modes)"),
 )
 
-_PLACEHOLDERS = {"<benchmark>": r"[^/]+", "<k>": r"\d+", "<engine>": r"engine\d+", "<stat>": r"[A-Za-z0-9_]+"}
+_PLACEHOLDERS = {"<benchmark>": r"[^/]+", "<family>": r"[a-z]+", "<k>": r"\d+", "<engine>": r"engine\d+", "<stat>": r"[A-Za-z0-9_]+"}
 
 
 def _regex(pattern: str, agents: list[str]) -> re.Pattern[str]:

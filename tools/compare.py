@@ -41,6 +41,7 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
@@ -400,11 +401,34 @@ def run_result(spec: RunSpec) -> RunResult:
                                       start=curve[0][1], final=curve[-1][1],
                                       cross_clipfrac_mean=_mean_or_none(clip),
                                       self_clipfrac_mean=_mean_or_none(self_clip))
+    agents.update(family_results(rows, [a.name for a in spec.exp.agents]))
     step_times = [r["time/rollout_s"] + r["time/train_s"] for r in rows if "time/train_s" in r]
     return RunResult(method=spec.method, seed=spec.seed, final_step=int(rows[-1]["step"]),
                      rollouts_per_agent=rollouts_per_agent(spec.exp), wall_s=done.get("wall_s"),
                      rollout_train_s_per_step=sum(step_times) / len(step_times) if step_times else None,
                      agents=agents)
+
+
+def family_results(rows: list[dict[str, Any]], agent_names: list[str]) -> dict[str, AgentRun]:
+    """A task with problem families logs ``<agent>/eval/<family>/accuracy``: each (agent, family) as one more
+    entry ``<agent>/<family>`` of a run's agents, so every table and paired difference reports it per family."""
+    out = {}
+    for agent in agent_names:
+        keys = sorted({k for r in rows for k in r if k.startswith(f"{agent}/eval/") and k.endswith("/accuracy")})
+        for key in keys:
+            curve = [(int(r["step"]), r[key]) for r in rows if key in r]
+            family = key[len(f"{agent}/eval/"):-len("/accuracy")]
+            out[f"{agent}/{family}"] = AgentRun(steps=[s for s, _ in curve], accuracy=[v for _, v in curve],
+                                                start=curve[0][1], final=curve[-1][1], cross_clipfrac_mean=None,
+                                                self_clipfrac_mean=None)
+    return out
+
+
+def reported_names(specs: list[RunSpec], results: list[RunResult]) -> list[str]:
+    """The agents of the comparison, then their per-family entries (:func:`family_results`) in first-seen order."""
+    names = [a.name for a in specs[0].exp.agents]
+    families = [n for r in results for n in r.agents if n not in names]
+    return names + sorted(set(families), key=families.index)
 
 
 def write_outputs(specs: list[RunSpec], results: list[RunResult], out: Path, methods: list[str],
@@ -419,7 +443,8 @@ def write_outputs(specs: list[RunSpec], results: list[RunResult], out: Path, met
     advantage sign, adaptive centre, median log s)."""
     from hacrl_megatron.trainer.metrics import read_metrics
 
-    agent_names = [a.name for a in specs[0].exp.agents]
+    agents_only = [a.name for a in specs[0].exp.agents]
+    agent_names = reported_names(specs, results)  # with the per-family entries of a task with families
     baselines = baselines or [methods[0]]
     summary = summarise(results, methods, agent_names)
     table = markdown_table(summary, agent_names) + "\n"
@@ -430,7 +455,7 @@ def write_outputs(specs: list[RunSpec], results: list[RunResult], out: Path, met
     # the cross window exists only in HACPO and its variants (Naive clips cross samples with the self clip)
     stats = [s for m in methods
              for s in pair_stats(m, [read_metrics(x.out_dir / "metrics.jsonl") for x in specs
-                                     if x.method == m and x.exp.hacpo.algorithm == "hacpo"], agent_names)]
+                                     if x.method == m and x.exp.hacpo.algorithm == "hacpo"], agents_only)]
     pairs = pair_table(stats)
     if pairs:
         table += "\n### Cross samples per (learner ← source) pair, mean over steps then seeds\n\n" + pairs
@@ -502,7 +527,7 @@ def main(argv: list[str] | None = None) -> dict[str, MethodSummary]:
         print(f"[compare] all runs finished in {time.time() - start:.0f} s\n")
     results = [run_result(s) for s in specs]
     if args.include:
-        agent_names = [a.name for a in specs[0].exp.agents]
+        agent_names = reported_names(specs, results)
         included = merge_included(results, args.include, args.methods, args.seeds, agent_names)
         results += included
         methods = [m for m in args.methods if m in methods or any(r.method == m for r in included)]

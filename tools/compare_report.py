@@ -318,7 +318,8 @@ class PairStats:
 
     clipfrac_pos / clipfrac_neg: share of the pair's cross samples with A > 0 / A < 0 that get no
     gradient; center_mean / center_last: the adaptive window's shift in log space (docs/algorithm.md
-    §5b; 0 for the fixed window); log_ratio_median: the step median of log s (eq. 11)."""
+    §5b; 0 for the fixed window); log_ratio_median: the step median of log s (eq. 11); grad_share: the
+    learner's ``cross_grad_share`` (``hacpo.log_cross_grad_share``; None when not logged)."""
 
     method: str
     learner: str
@@ -328,6 +329,7 @@ class PairStats:
     center_mean: float | None
     center_last: float | None
     log_ratio_median: float | None
+    grad_share: float | None = None
 
 
 def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_names: list[str]) -> list[PairStats]:
@@ -339,10 +341,12 @@ def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_name
             if source == learner:
                 continue
             prefix = f"{learner}/hacpo/"
-            per_seed: dict[str, list[float]] = {"pos": [], "neg": [], "center": [], "last": [], "median": []}
+            per_seed: dict[str, list[float]] = {"pos": [], "neg": [], "center": [], "last": [], "median": [],
+                                                "share": []}
             for rows in runs_metrics:
                 for name, key in (("pos", f"cross_clipfrac/{source}/pos"), ("neg", f"cross_clipfrac/{source}/neg"),
-                                  ("center", f"cross_center/{source}"), ("median", f"cross_log_ratio_median/{source}")):
+                                  ("center", f"cross_center/{source}"), ("median", f"cross_log_ratio_median/{source}"),
+                                  ("share", "cross_grad_share")):
                     values = [row[prefix + key] for row in rows if prefix + key in row]
                     if values:
                         per_seed[name].append(sum(values) / len(values))
@@ -350,7 +354,7 @@ def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_name
                             per_seed["last"].append(values[-1])
             mean = {name: _mean_or_none(v) for name, v in per_seed.items()}
             stats.append(PairStats(method, learner, source, mean["pos"], mean["neg"], mean["center"], mean["last"],
-                                   mean["median"]))
+                                   mean["median"], mean["share"]))
     return stats
 
 
@@ -359,12 +363,13 @@ def pair_table(stats: list[PairStats]) -> str:
     rows = [s for s in stats if s.clipfrac_pos is not None or s.log_ratio_median is not None]
     if not rows:
         return ""
+    share = any(s.grad_share is not None for s in rows)  # a column only when logged (hacpo.log_cross_grad_share)
     lines = ["| method | learner ← source | clipped A > 0 | clipped A < 0 | centre c (mean, last step) | "
-             "median log s |", "|---|---|---|---|---|---|"]
+             "median log s |" + (" cross_grad_share |" if share else ""), "|---|---|---|---|---|---|" + ("---|" * share)]
     for s in rows:
         lines.append(f"| {label(s.method)} | {s.learner} ← {s.source} | {_fmt(s.clipfrac_pos, '.2f')} | "
                      f"{_fmt(s.clipfrac_neg, '.2f')} | {_fmt(s.center_mean, '+.2f')}, {_fmt(s.center_last, '+.2f')} | "
-                     f"{_fmt(s.log_ratio_median, '+.2f')} |")
+                     f"{_fmt(s.log_ratio_median, '+.2f')} |" + (f" {_fmt(s.grad_share, '.2f')} |" if share else ""))
     return "\n".join(lines) + "\n"
 
 

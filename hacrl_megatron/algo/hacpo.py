@@ -307,7 +307,30 @@ def hacpo_loss(
                             source_index=inputs.source_index, center=inputs.cross_center, old_log_ratio=old_log_ratio)
     metrics.update(weight_metrics)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
+    share = cross_grad_share(objective, log_ratio, inputs.is_self) if cfg.log_cross_grad_share else None
+    if share is not None:
+        metrics["cross_grad_share"] = share
     return loss, metrics
+
+
+def cross_grad_share(objective: torch.Tensor, log_ratio: torch.Tensor, is_self: torch.Tensor) -> float | None:
+    """‖g_cross‖ / ‖g‖ with g = ∂(Σ J)/∂ℓ [S] the gradient of the micro-batch's objective with respect to
+    each sequence's per-token mean log-likelihood ℓ_i = (1/L_k)·Σ_t log π^(k)_θ (eq. 11: log s = ℓ − const),
+    and g_cross its cross rows (self rows set to 0); 0 when g = 0; None without a graph (no gradient to split).
+
+    The parameters' gradient is Σ_i g_i ∇ℓ_i, so g says how much of the step each sequence carries: a cross
+    sample outside the window has g_i = 0, one inside carries ω·s_c^(α+1)·A (§5). The norm is taken in
+    this space of sequences, not of parameters (that would need a second backward through the model);
+    docs/algorithm.md §10b states what it measures."""
+    if not (objective.requires_grad and log_ratio.requires_grad) or objective.numel() == 0:
+        return None
+    (grad,) = torch.autograd.grad(objective.sum(), log_ratio, retain_graph=True, allow_unused=True)
+    if grad is None:
+        return None
+    grad = grad.detach().double()
+    total = float(grad.norm())
+    cross = float(grad[~is_self.bool().to(grad.device)].norm())
+    return cross / total if total > 0 else 0.0
 
 
 def _behaviour_weighted(objective: torch.Tensor, behaviour_log_ratio: torch.Tensor,

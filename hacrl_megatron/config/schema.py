@@ -135,6 +135,8 @@ class AgentConfig:
     warmup_sft_eval_every: int = 20  # warm-up updates between greedy accuracy checks (where it stops or snapshots)
     warmup_sft_from: str | None = None  # an earlier agent's name: this agent is a later snapshot of that agent's
     # warm-up run (same weights, optimiser and data), taken when greedy accuracy reaches warmup_sft_target
+    warmup_sft_families: dict[str, float] = field(default_factory=dict)  # family -> weight: the warm-up trains and
+    # checks on this mixture of data.task's problem families (add_sub_cot: add, sub); empty: the task's own mix
     rollout_gpu_ids: list[int] = field(default_factory=list)  # GPUs of this agent's SGLang / vLLM servers: k ·
     # rollout.<engine>.tp ids start k engines (consecutive groups of tp); empty: one engine, GPUs inherited
 
@@ -312,6 +314,9 @@ class HACPOConfig:
     # reference code trains with 1e-3 (low_var_kl); costs one reference forward per agent and step
     kl_coef: float = 0.0
     kl_estimator: str = "low_var_kl"  # low_var_kl (k3, clamped to [-10, 10]) | k1 | k2 (algo/kl.py)
+    # log <agent>/hacpo/cross_grad_share: the cross samples' share of each update (docs/algorithm.md §10b); a
+    # diagnostic, one small extra backward through the loss alone per micro-batch (none through the model)
+    log_cross_grad_share: bool = False
 
 
 @dataclass
@@ -357,7 +362,7 @@ class TrainConfig:
 class DataConfig:
     """Training and evaluation prompts."""
 
-    task: str = "addition"  # procedural: addition | addition_cot | arithmetic | countdown | linear; or a dataset name
+    task: str = "addition"  # procedural: addition | addition_cot | add_sub_cot | arithmetic | countdown | linear; or a dataset name
     path: str | None = None  # local jsonl/parquet file for dataset tasks (custom: a user's own file, our layout or
     # verl's: chat-list prompt, reward_model.ground_truth, data_source, extra_info; data/formats.py)
     prompt_key: str | None = None  # custom files of another layout: the question's column (dotted: into a mapping)

@@ -44,6 +44,7 @@ from hacrl_megatron.config.validation_scale import (
     validate_data_parallel_overlap,
     validate_row_geometry,
 )
+from hacrl_megatron.config.validation_warmup import validate_shared_warmups, validate_warmup_families
 
 # --------------------------------------------------------------------------------------------
 # validation
@@ -98,30 +99,6 @@ def validate_agent(agent_cfg: AgentConfig, path: str) -> None:
     _rule(agent_cfg.warmup_sft_max_steps >= 1, f"{path}.warmup_sft_max_steps", agent_cfg.warmup_sft_max_steps, "must be >= 1")
     _rule(agent_cfg.name.isidentifier(), f"{path}.name", agent_cfg.name,
           "must be an identifier (letters, digits, _), it names metric keys and folders")
-
-
-SHARED_WARMUP_FIELDS = ("model", "tokenizer", "prompt_template", "backend", "warmup_sft_lr", "warmup_sft_batch",
-                        "warmup_sft_eval_every")
-
-
-def validate_shared_warmups(agents: list[AgentConfig]) -> None:
-    """``warmup_sft_from``: a later snapshot of an earlier agent's warm-up run needs the same run (every
-    field of ``SHARED_WARMUP_FIELDS`` equal) and a higher accuracy target than the snapshot it follows."""
-    earlier: dict[str, AgentConfig] = {}
-    for i, agent_cfg in enumerate(agents):
-        lead_name, path = agent_cfg.warmup_sft_from, f"agents.{i}.warmup_sft_from"
-        if lead_name is not None:
-            lead = earlier.get(lead_name)
-            _rule(lead is not None, path, lead_name, f"must name an earlier agent, one of {sorted(earlier)}")
-            _rule(lead.warmup_sft_from is None, path, lead_name,
-                  f"agent {lead_name!r} itself follows {lead.warmup_sft_from!r}: name the first agent of the run")
-            for name in SHARED_WARMUP_FIELDS:
-                _rule(getattr(agent_cfg, name) == getattr(lead, name), f"agents.{i}.{name}", getattr(agent_cfg, name),
-                      f"must equal {lead_name}'s: one warm-up run makes both snapshots")
-            _rule(agent_cfg.warmup_sft_target > lead.warmup_sft_target, f"agents.{i}.warmup_sft_target",
-                  agent_cfg.warmup_sft_target, f"must exceed {lead_name}'s {lead.warmup_sft_target}: "
-                  "the later snapshot of one run")
-        earlier[agent_cfg.name] = agent_cfg
 
 
 def validate_moe(agent_cfg: AgentConfig, path: str) -> None:
@@ -396,6 +373,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
         seen.add(agent_cfg.name)
         validate_agent(agent_cfg, f"agents.{i}")
     validate_shared_warmups(cfg.agents)
+    validate_warmup_families(cfg)
     h, t = cfg.hacpo, cfg.train
     _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
     if h.algorithm in ("hacpo", "naive", "naive_merge"):

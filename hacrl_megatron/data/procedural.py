@@ -1,11 +1,13 @@
 """Procedural verifiable tasks: seeded, dependency-free, identical on every machine.
 
-Five generators (the CPU demo runs ``addition``, the heterogeneous-state preset ``addition_cot``):
+Six generators (the CPU demo runs ``addition``, the heterogeneous-state preset ``addition_cot``, the
+complementary-agents preset ``add_sub_cot``):
 
 | task | question (difficulty d) | kind | answer |
 |---|---|---|---|
 | addition | ``37+48=?`` — two d-digit numbers (d = 1: 0..9) | integer | ``85`` |
 | addition_cot | as addition; the SFT target works column by column: ``7+8=15,3+4+1=8 \\boxed{85}`` | integer | ``85`` |
+| add_sub_cot | two families: ``add`` as addition_cot, ``sub`` ``52-17=?`` (a ≥ b), its target column by column with borrows: ``12-7=5,5-1-1=3 \\boxed{35}`` | integer | ``35`` |
 | arithmetic | ``12*34-56=?`` — three d-digit operands, ops from + − × (usual precedence) | integer | ``352`` |
 | linear | ``Solve for x: 3*x+5=20`` — integer solution, coefficients of up to d digits | integer | ``5`` |
 | countdown | ``Make 24 from 2, 3, 5, 7 using + - * / (each number at most once).`` — d + 2 numbers in 1..10d | countdown | ``24|2,3,5,7`` |
@@ -18,6 +20,12 @@ Train/eval disjointness: every problem has a canonical key (e.g. the unordered p
 a fixed SHA-256 bucket of the key puts 1 in ``EVAL_BUCKETS`` problems in the eval partition. The
 train stream redraws until it hits a train problem and the eval stream until it hits an eval
 problem, so no eval problem is ever trained on.
+
+Families: a task may split its problems into named families (``add_sub_cot``: ``add`` and ``sub``). Its
+mixed stream draws each item's family at random; ``sample(..., family=f)`` and ``eval_set(n, family=f)``
+are the streams of one family (their own seeds, the same split rule), :meth:`ProceduralTask.family_of`
+names a record's family, and :meth:`ProceduralTask.sample_mix` draws a weighted mixture (an agent's
+warm-up on mostly one family, ``agents.*.warmup_sft_families``).
 """
 
 from __future__ import annotations
@@ -35,7 +43,8 @@ from hacrl_megatron.reward.countdown import encode_countdown_reference
 EVAL_BUCKETS = 10  # 1 in 10 problems is reserved for evaluation
 MAX_DIFFICULTY = 12
 _MAX_REDRAWS = 2000
-_ID_RE = re.compile(r"^(?P<task>[a-z_]+)-d(?P<d>\d+)-s(?P<seed>-?\d+)-(?P<split>train|eval)-(?P<index>\d+)$")
+_ID_RE = re.compile(r"^(?P<task>[a-z_]+)-d(?P<d>\d+)-s(?P<seed>-?\d+)-(?P<split>train|eval)"
+                    r"(?:-(?P<family>[a-z]+))?-(?P<index>\d+)$")
 
 
 @dataclass(frozen=True)
@@ -59,11 +68,13 @@ def _is_eval_key(key: str) -> bool:
 class ProceduralTask(abc.ABC):
     """Base class: deterministic train stream, disjoint eval stream, SFT targets.
 
-    Subclasses set ``name`` and ``kind`` and implement ``_generate(rng) -> _Problem``.
+    Subclasses set ``name`` and ``kind`` and implement ``_generate(rng) -> _Problem``; a task with
+    families also sets ``families`` and implements ``_generate_family(rng, family)`` and ``family_of``.
     """
 
     name = ""
     kind = "integer"
+    families: tuple[str, ...] = ()  # named families of problems (empty: one undivided task)
 
     def __init__(self, difficulty: int, seed: int) -> None:
         if not isinstance(difficulty, int) or not 1 <= difficulty <= MAX_DIFFICULTY:
@@ -79,11 +90,25 @@ class ProceduralTask(abc.ABC):
     def _generate(self, rng: random.Random) -> _Problem:
         """One problem drawn with ``rng`` (each task defines its own)."""
 
-    def _problem(self, split: str, index: int) -> _Problem:
-        rng = random.Random(f"hacrl/{self.name}/d{self.difficulty}/s{self.seed}/{split}/{index}")
+    def _generate_family(self, rng: random.Random, family: str) -> _Problem:
+        """One problem of ``family`` (tasks with families define it)."""
+        raise ValueError(f"task {self.name} has no families (asked for {family!r})")
+
+    def family_of(self, record: PromptRecord) -> str | None:
+        """The family of one of this task's records (None for a task without families)."""
+        return None
+
+    def _check_family(self, family: str | None) -> None:
+        if family is not None and family not in self.families:
+            raise ValueError(f"{self.name}: family {family!r} is not one of this task's families "
+                             f"{list(self.families) or '(none)'}")
+
+    def _problem(self, split: str, index: int, family: str | None = None) -> _Problem:
+        stream = split if family is None else f"{split}/{family}"
+        rng = random.Random(f"hacrl/{self.name}/d{self.difficulty}/s{self.seed}/{stream}/{index}")
         want_eval = split == "eval"
         for _ in range(_MAX_REDRAWS):
-            problem = self._generate(rng)
+            problem = self._generate(rng) if family is None else self._generate_family(rng, family)
             if _is_eval_key(problem.key) == want_eval:
                 return problem
         raise RuntimeError(
@@ -91,27 +116,52 @@ class ProceduralTask(abc.ABC):
             "the problem space is too small for a train/eval split — raise the difficulty"
         )
 
-    def _record(self, split: str, index: int) -> PromptRecord:
-        p = self._problem(split, index)
-        rid = f"{self.name}-d{self.difficulty}-s{self.seed}-{split}-{index}"
+    def _record(self, split: str, index: int, family: str | None = None) -> PromptRecord:
+        p = self._problem(split, index, family)
+        stream = split if family is None else f"{split}-{family}"
+        rid = f"{self.name}-d{self.difficulty}-s{self.seed}-{stream}-{index}"
         return PromptRecord(id=rid, question=p.question, answer=p.answer, source=self.name, kind=self.kind)
 
-    def sample(self, n: int, offset: int = 0) -> list[PromptRecord]:
-        """Training items ``offset .. offset+n-1`` of the train stream (pure function of the index)."""
+    def sample(self, n: int, offset: int = 0, family: str | None = None) -> list[PromptRecord]:
+        """Training items ``offset .. offset+n-1`` of the train stream (pure function of the index);
+        ``family``: of that family's own stream."""
         if n < 0 or offset < 0:
             raise ValueError(f"{self.name}.sample: n={n} and offset={offset} must be >= 0")
-        return [self._record("train", offset + i) for i in range(n)]
+        self._check_family(family)
+        return [self._record("train", offset + i, family) for i in range(n)]
 
-    def eval_set(self, n: int) -> list[PromptRecord]:
+    def sample_mix(self, n: int, offset: int, weights: dict[str, float]) -> list[PromptRecord]:
+        """Training items ``offset .. offset+n-1`` of a weighted mixture of the families: item i is item i of
+        the stream of a family drawn with probability ``weights[f] / sum(weights)`` (seeded by i alone, so a
+        resumed warm-up continues it). Families of weight 0 are never drawn."""
+        if n < 0 or offset < 0:
+            raise ValueError(f"{self.name}.sample_mix: n={n} and offset={offset} must be >= 0")
+        for family, weight in weights.items():
+            self._check_family(family)
+            if not (weight >= 0 and weight != float("inf")):
+                raise ValueError(f"{self.name}.sample_mix: weight of {family!r} is {weight!r}; must be finite, >= 0")
+        names = [f for f in self.families if weights.get(f, 0) > 0]
+        if not names:
+            raise ValueError(f"{self.name}.sample_mix: weights {weights} give no family a positive weight")
+        out = []
+        for i in range(offset, offset + n):
+            rng = random.Random(f"hacrl/{self.name}/d{self.difficulty}/s{self.seed}/mix/{i}")
+            family = rng.choices(names, weights=[weights[f] for f in names])[0]
+            out.append(self._record("train", i, family))
+        return out
+
+    def eval_set(self, n: int, family: str | None = None) -> list[PromptRecord]:
         """``n`` held-out items, disjoint from every training item; distinct while the eval
-        partition has enough problems (tiny spaces such as d = 1 addition then repeat cyclically)."""
+        partition has enough problems (tiny spaces such as d = 1 addition then repeat cyclically).
+        ``family``: of that family's own held-out stream."""
         if n < 0:
             raise ValueError(f"{self.name}.eval_set: n={n} must be >= 0")
+        self._check_family(family)
         records: list[PromptRecord] = []
         seen: set[str] = set()
         index = 0
         while len(records) < n and index < 20 * n + 100:
-            rec = self._record("eval", index)
+            rec = self._record("eval", index, family)
             index += 1
             if rec.question not in seen:
                 seen.add(rec.question)
@@ -132,7 +182,11 @@ class ProceduralTask(abc.ABC):
                 f"record id {record.id!r} was not produced by task {self.name} "
                 f"(difficulty={self.difficulty}, seed={self.seed})"
             )
-        return self._problem(m["split"], int(m["index"])).solution
+        family = m["family"]
+        if family is not None and family not in self.families:
+            raise ValueError(f"record id {record.id!r} names family {family!r}, not one of task {self.name}'s "
+                             f"families {list(self.families)}")
+        return self._problem(m["split"], int(m["index"]), family).solution
 
 
 class AdditionTask(ProceduralTask):
@@ -178,6 +232,65 @@ def cot_columns(a: int, b: int, digits: int) -> str:
         total = x + y + carry
         steps.append(f"{x}+{y}{'+1' if carry else ''}={total}")
         carry = total // 10
+    return ",".join(steps)
+
+
+class AddSubCoTTask(ProceduralTask):
+    """Two families of two-operand problems with d-digit operands, each with a column-by-column SFT target:
+
+    * ``add``: ``a+b=?`` exactly as :class:`AdditionCoTTask` (``14+56=?`` -> ``4+6=10,1+5+1=7 \\boxed{70}``);
+    * ``sub``: ``a-b=?`` with a >= b, ones column first, each column's difference after the borrow it
+      passed on, written with the borrowed ten when it borrows (``52-17=?`` -> ``12-7=5,5-1-1=3 \\boxed{35}``).
+
+    The mixed stream draws each problem's family with probability 1/2. The two families share the
+    question format, the digits and the shape of the reasoning and differ in the table and the carry
+    rule, so two warm-ups of one model on different mixtures are each better on one family
+    (the ``cpu_complement`` preset). Keys: the unordered pair for ``add`` (as ``addition``), the ordered
+    pair for ``sub``; both go through the same train/eval split rule.
+    """
+
+    name = "add_sub_cot"
+    families = ("add", "sub")
+
+    def _generate(self, rng: random.Random) -> _Problem:
+        return self._generate_family(rng, rng.choice(self.families))
+
+    def _generate_family(self, rng: random.Random, family: str) -> _Problem:
+        self._check_family(family)
+        lo, hi = _digits_range(self.difficulty)
+        a, b = rng.randint(lo, hi), rng.randint(lo, hi)
+        if family == "add":
+            total = a + b
+            return _Problem(f"{a}+{b}=?", str(total), f"{min(a, b)}+{max(a, b)}",
+                            f"{cot_columns(a, b, self.difficulty)} \\boxed{{{total}}}")
+        a, b = max(a, b), min(a, b)
+        return _Problem(f"{a}-{b}=?", str(a - b), f"{a}-{b}",
+                        f"{cot_borrow_columns(a, b, self.difficulty)} \\boxed{{{a - b}}}")
+
+    def family_of(self, record: PromptRecord) -> str | None:
+        """``sub`` when the question is a difference, ``add`` when a sum (the question alone decides)."""
+        if "-" in record.question.partition("=")[0]:
+            return "sub"
+        if "+" in record.question:
+            return "add"
+        raise ValueError(f"record {record.id!r}: question {record.question!r} is neither a sum nor a difference")
+
+
+def cot_borrow_columns(a: int, b: int, digits: int) -> str:
+    """The column differences of ``a - b`` (a >= b) over ``digits`` columns, ones first: ``"12-7=5,5-1-1=3"``.
+
+    Column i reads ``x-y=d`` (``x-y-1=d`` after lending to the column before); a column whose digit is
+    too small borrows ten and shows it: ``12-7=5``. d is always one digit; the answer drops leading zeros.
+    """
+    if a < b:
+        raise ValueError(f"cot_borrow_columns: a={a} must be >= b={b}")
+    steps, borrow = [], 0
+    for i in range(digits):
+        x, y = a // 10**i % 10, b // 10**i % 10
+        lent = x - borrow < y
+        top = x + 10 if lent else x
+        steps.append(f"{top}-{y}{'-1' if borrow else ''}={top - y - borrow}")
+        borrow = int(lent)
     return ",".join(steps)
 
 
@@ -266,5 +379,5 @@ class CountdownTask(ProceduralTask):
 
 
 TASKS: dict[str, type[ProceduralTask]] = {
-    cls.name: cls for cls in (AdditionTask, AdditionCoTTask, ArithmeticTask, LinearTask, CountdownTask)
+    cls.name: cls for cls in (AdditionTask, AdditionCoTTask, ArithmeticTask, LinearTask, CountdownTask, AddSubCoTTask)
 }

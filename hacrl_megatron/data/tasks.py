@@ -7,7 +7,8 @@
 - ``eval_set(n) -> list[PromptRecord]``: held-out items, disjoint from training items;
 - ``sft_target(record) -> str``: a correct response ending with ``\\boxed{answer}`` (warm-up SFT).
 
-Procedural names: ``addition``, ``addition_cot``, ``arithmetic``, ``linear``, ``countdown`` (:mod:`.procedural`).
+Procedural names: ``addition``, ``addition_cot``, ``arithmetic``, ``linear``, ``countdown``, ``add_sub_cot``
+(:mod:`.procedural`; the last has problem families).
 Dataset names (``data.benchmarks.BENCHMARKS``, e.g. ``math`` for the paper's MATH train split)
 load a local file (``path`` or ``$HACRL_DATA_DIR``) and are wrapped in :class:`DatasetTask`.
 """

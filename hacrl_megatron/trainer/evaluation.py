@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hacrl_megatron.config import ExperimentConfig
 from hacrl_megatron.data import PromptRecord
 from hacrl_megatron.eval.evaluate import EvalResult, EvalSettings, evaluate
@@ -21,6 +23,32 @@ def evaluate_agents(runtimes: list[AgentRuntime], records: list[PromptRecord], v
                           model_name=rt.name, log_each=False)
         out[rt.name] = result.benchmarks["eval"].primary
     return out
+
+
+def family_accuracy_key(agent: str, family: str) -> str:
+    """The metric name of one agent's greedy accuracy on one problem family: ``<agent>/eval/<family>/accuracy``."""
+    return f"{agent}/eval/{family}/accuracy"
+
+
+def evaluate_agents_by_family(runtimes: list[AgentRuntime], records: list[PromptRecord], family_of: Callable[[PromptRecord], str | None],
+                              verifier: VerifierPool, max_new_tokens: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Greedy accuracy of each agent on ``records`` and on each family's share of them (a task with problem
+    families, e.g. ``add_sub_cot``): ({agent: accuracy on all}, {:func:`family_accuracy_key`: accuracy}).
+
+    Each family's records are generated as a group (no record twice); the overall accuracy is the count of
+    correct answers over all records, so it is the records' plain mean, as :func:`evaluate_agents` gives."""
+    groups: dict[str, list[PromptRecord]] = {}
+    for rec in records:
+        groups.setdefault(family_of(rec) or "other", []).append(rec)
+    overall, per_family = {}, {}
+    for rt in runtimes:
+        correct = 0
+        for family, group in groups.items():
+            accuracy = evaluate_agents([rt], group, verifier, max_new_tokens)[rt.name]
+            per_family[family_accuracy_key(rt.name, family)] = accuracy
+            correct += round(accuracy * len(group))
+        overall[rt.name] = correct / len(records) if records else 0.0
+    return overall, per_family
 
 
 def benchmark_settings(exp: ExperimentConfig, template: str, step: int) -> EvalSettings:

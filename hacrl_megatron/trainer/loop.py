@@ -38,6 +38,7 @@ from hacrl_megatron.trainer.concurrency import for_each, runs_in_process
 from hacrl_megatron.trainer.evaluation import (
     accuracy_table,
     evaluate_agents,
+    evaluate_agents_by_family,
     evaluate_benchmarks,
     format_scores,
 )
@@ -403,11 +404,18 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
     run.colocation.for_generation()
     with run.source.engines_idle():
         if run.eval_records:
-            acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
-            for name, value in acc.items():
+            families: dict[str, float] = {}
+            if getattr(run.task, "families", ()):  # per-family accuracy: <agent>/eval/<family>/accuracy
+                acc, families = evaluate_agents_by_family(run.runtimes, run.eval_records, run.task.family_of,
+                                                          run.verifier, run.exp.rollout.max_response_len)
+            else:
+                acc = evaluate_agents(run.runtimes, run.eval_records, run.verifier, run.exp.rollout.max_response_len)
+            for name, value in {**acc, **families}.items():
                 run.history.setdefault(name, []).append(value)
-            out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(f"{k}={v:.3f}" for k, v in acc.items()))
+            out.write(f"step {run.step}: eval greedy accuracy " + ", ".join(
+                f"{k}={v:.3f}" for k, v in acc.items()) + "".join(f", {k}={v:.3f}" for k, v in families.items()))
             metrics.update({f"{name}/eval_accuracy": value for name, value in acc.items()})
+            metrics.update(families)
         if run.benchmarks:
             scores = evaluate_benchmarks(run.runtimes, run.benchmarks, run.verifier, run.exp, run.step)
             for key, value in scores.items():

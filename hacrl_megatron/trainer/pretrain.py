@@ -90,6 +90,8 @@ def warmup_key(exp: ExperimentConfig, index: int) -> str:
         key["checker"] = exp.data.checker
     if agent.warmup_sft_eval_every != EVAL_EVERY:  # where the run stops; the default leaves older keys alone
         key["eval_every"] = agent.warmup_sft_eval_every
+    if agent.warmup_sft_families:  # a mixture of the task's families (trains and checks on it)
+        key["families"] = dict(sorted(agent.warmup_sft_families.items()))
     if agent.warmup_sft_from is not None:  # a later snapshot of another agent's run: that run is part of the key
         key["trajectory"] = warmup_key(exp, lead_index(exp, index))
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
@@ -146,29 +148,60 @@ def _warm_up(exp: ExperimentConfig, rt: AgentRuntime, snapshots: list[tuple[Agen
              verifier: VerifierPool) -> dict[str, dict]:
     task = make_task(exp.data.task, exp.data.difficulty, exp.data.seed + 1, path=exp.data.path,  # apart from RL
                      **dataset_options(exp.data))
-    # a small dataset holds out fewer items than EVAL_ITEMS: the warm-up checks on all of them
-    eval_records = task.eval_set(min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS)
     pending = sorted(snapshots, key=lambda s: s[0].warmup_sft_target)
+    mixture = pending[0][0].warmup_sft_families  # one run: every snapshot of it shares the lead's mixture
+    check = WarmupCheck(task, mixture)
     batch_size, every = pending[0][0].warmup_sft_batch, pending[0][0].warmup_sft_eval_every
     start, step, out = time.time(), 0, {}
     while pending:
-        batch = sft_batch(rt, task, task.sample(batch_size, offset=step * batch_size))
-        metrics = rt.trainer.train([batch], sft_loss)[0]
+        records = (task.sample_mix(batch_size, step * batch_size, mixture) if mixture
+                   else task.sample(batch_size, offset=step * batch_size))
+        metrics = rt.trainer.train([sft_batch(rt, task, records)], sft_loss)[0]
         step += 1
         if step % every != 0 and all(step < a.warmup_sft_max_steps for a, _ in pending):
             continue
         rt.sync_weights()
-        accuracy = evaluate_agents([rt], eval_records, verifier, exp.rollout.max_response_len)[rt.name]
-        logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f (targets %s)", rt.name, step,
-                    metrics["nll_per_token"], accuracy, [a.warmup_sft_target for a, _ in pending])
+        accuracy, per_family = check.accuracy(rt, verifier, exp.rollout.max_response_len)
+        logger.info("warm-up %s: step %d: nll/token %.3f, greedy accuracy %.2f%s (targets %s)", rt.name, step,
+                    metrics["nll_per_token"], accuracy,
+                    "".join(f", {f} {a:.2f}" for f, a in per_family.items()), [a.warmup_sft_target for a, _ in pending])
         for agent, out_dir in _due(pending, accuracy, step):
             out[agent.name] = {"agent": agent.name, "steps": step, "greedy_accuracy": accuracy,
                                "seconds": time.time() - start}
+            if per_family:
+                out[agent.name]["family_accuracy"] = per_family
             if agent.warmup_sft_from is not None:
                 out[agent.name]["snapshot_of"] = agent.warmup_sft_from
             _save_snapshot(rt, out_dir, out[agent.name])
             pending.remove((agent, out_dir))
     return out
+
+
+class WarmupCheck:
+    """The held-out problems a warm-up checks its greedy accuracy on, and how they are scored.
+
+    Without a mixture: the first :data:`EVAL_ITEMS` of the task's held-out set (all of a small dataset's).
+    With ``agents.*.warmup_sft_families``: :data:`EVAL_ITEMS` of each weighted family's own held-out stream;
+    the accuracy is the weight-averaged family accuracy, the warm-up's own training distribution, and every
+    family's accuracy (those of weight 0 too) is reported beside it (warmup.json's ``family_accuracy``).
+    """
+
+    def __init__(self, task: Task, mixture: dict[str, float]) -> None:
+        self.mixture = mixture
+        if mixture:
+            self.records = {f: task.eval_set(EVAL_ITEMS, family=f) for f in task.families}
+        else:
+            n = min(EVAL_ITEMS, task.held_out) if isinstance(task, DatasetTask) else EVAL_ITEMS
+            self.records = {"": task.eval_set(n)}
+
+    def accuracy(self, rt: AgentRuntime, verifier: VerifierPool, max_new_tokens: int) -> tuple[float, dict[str, float]]:
+        """(the accuracy the targets compare with, {family: accuracy} — empty without a mixture)."""
+        if not self.mixture:
+            return evaluate_agents([rt], self.records[""], verifier, max_new_tokens)[rt.name], {}
+        per_family = {f: evaluate_agents([rt], records, verifier, max_new_tokens)[rt.name]
+                      for f, records in self.records.items()}
+        total = sum(self.mixture.values())
+        return sum(w * per_family[f] for f, w in self.mixture.items()) / total, per_family
 
 
 def _due(pending: list[tuple[AgentConfig, Path]], accuracy: float, step: int) -> list[tuple[AgentConfig, Path]]:

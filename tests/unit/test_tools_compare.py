@@ -376,3 +376,16 @@ def test_a_pool_worker_ends_when_compare_is_killed_outright(tmp_path):
     while process_running(child):
         assert time.monotonic() < deadline, "the worker outlived its killed parent"
         time.sleep(0.1)
+
+
+def test_a_task_with_families_is_reported_per_agent_and_family():
+    rows = [{"step": 0, "a/eval_accuracy": 0.5, "a/eval/add/accuracy": 0.8, "a/eval/sub/accuracy": 0.2,
+             "b/eval_accuracy": 0.4, "b/eval/add/accuracy": 0.1, "b/eval/sub/accuracy": 0.7},
+            {"step": 5, "a/eval_accuracy": 0.6, "a/eval/add/accuracy": 0.9, "a/eval/sub/accuracy": 0.3,
+             "b/eval/add/accuracy": 0.2, "b/eval/sub/accuracy": 0.75}]
+    got = cmp.family_results(rows, ["a", "b"])
+    assert list(got) == ["a/add", "a/sub", "b/add", "b/sub"]
+    assert (got["a/sub"].steps, got["a/sub"].accuracy, got["a/sub"].start, got["a/sub"].final) == ([0, 5], [0.2, 0.3],
+                                                                                                   0.2, 0.3)
+    assert got["b/add"].cross_clipfrac_mean is None
+    assert cmp.family_results([{"step": 0, "a/eval_accuracy": 0.5}], ["a"]) == {}  # no families: nothing added
