@@ -17,11 +17,14 @@ from __future__ import annotations
 
 import ast
 import re
+import threading
 from collections import Counter
 from collections.abc import Sequence
 from fractions import Fraction
 
 from hacrl_megatron.reward.extract import braced_argument, last_boxed_answer
+
+_PARSE_LOCK = threading.Lock()
 
 MAX_EXPRESSION_CHARS = 200  # a countdown expression over ≤ 10 numbers is far shorter
 MAX_LITERAL_DIGITS = 12
@@ -109,7 +112,8 @@ def countdown_expression_value(expr: str, numbers: Sequence[int]) -> Fraction | 
         return None
     py = _latex_to_python(expr).strip()
     try:
-        tree = ast.parse(py, mode="eval")
+        with _PARSE_LOCK:  # CPython 3.11's ast.parse is not thread-safe (an in-process verifier may be threaded)
+            tree = ast.parse(py, mode="eval")
         used: list[int] = []
         value = _evaluate(tree, used)
     except (SyntaxError, ValueError, ZeroDivisionError, RecursionError, MemoryError):
