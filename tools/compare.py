@@ -41,7 +41,6 @@ import traceback
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout without `pip install -e .`
@@ -57,6 +56,7 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     PairStats,
     RunResult,
     _mean_or_none,
+    family_results,
     last_k_mean,
     load_results,
     markdown_table,
@@ -407,21 +407,6 @@ def run_result(spec: RunSpec) -> RunResult:
                      rollouts_per_agent=rollouts_per_agent(spec.exp), wall_s=done.get("wall_s"),
                      rollout_train_s_per_step=sum(step_times) / len(step_times) if step_times else None,
                      agents=agents)
-
-
-def family_results(rows: list[dict[str, Any]], agent_names: list[str]) -> dict[str, AgentRun]:
-    """A task with problem families logs ``<agent>/eval/<family>/accuracy``: each (agent, family) as one more
-    entry ``<agent>/<family>`` of a run's agents, so every table and paired difference reports it per family."""
-    out = {}
-    for agent in agent_names:
-        keys = sorted({k for r in rows for k in r if k.startswith(f"{agent}/eval/") and k.endswith("/accuracy")})
-        for key in keys:
-            curve = [(int(r["step"]), r[key]) for r in rows if key in r]
-            family = key[len(f"{agent}/eval/"):-len("/accuracy")]
-            out[f"{agent}/{family}"] = AgentRun(steps=[s for s, _ in curve], accuracy=[v for _, v in curve],
-                                                start=curve[0][1], final=curve[-1][1], cross_clipfrac_mean=None,
-                                                self_clipfrac_mean=None)
-    return out
 
 
 def reported_names(specs: list[RunSpec], results: list[RunResult]) -> list[str]:

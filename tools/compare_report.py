@@ -447,3 +447,18 @@ def plot_paired(results: list[RunResult], methods: list[str], baselines: list[st
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def family_results(rows: list[dict[str, Any]], agent_names: list[str]) -> dict[str, AgentRun]:
+    """A task with problem families logs ``<agent>/eval/<family>/accuracy``: each (agent, family) as one more
+    entry ``<agent>/<family>`` of a run's agents, so every table and paired difference reports it per family."""
+    out = {}
+    for agent in agent_names:
+        keys = sorted({k for r in rows for k in r if k.startswith(f"{agent}/eval/") and k.endswith("/accuracy")})
+        for key in keys:
+            curve = [(int(r["step"]), r[key]) for r in rows if key in r]
+            family = key[len(f"{agent}/eval/"):-len("/accuracy")]
+            out[f"{agent}/{family}"] = AgentRun(steps=[s for s, _ in curve], accuracy=[v for _, v in curve],
+                                                start=curve[0][1], final=curve[-1][1], cross_clipfrac_mean=None,
+                                                self_clipfrac_mean=None)
+    return out
