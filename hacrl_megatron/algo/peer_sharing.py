@@ -86,7 +86,6 @@ def sgt_transfer_mask(rewards: torch.Tensor, learner: int, threshold: float) -> 
 def sgt_advantages(rewards: torch.Tensor, learner: int, cfg: HACPOConfig) -> torch.Tensor:
     """SGT's A [P, n, G] in the dtype of ``rewards``: GRPO's advantage within the learner's own G responses in its
     column; λ (``hacpo.sgt_coef``) on the transferred peer successes (:func:`sgt_transfer_mask`); 0 elsewhere."""
-    _, n, _ = rewards.shape
     own = capability_aware_advantages(rewards[:, learner: learner + 1], 0, torch.ones(1, 1, dtype=torch.float64),
                                       capability_aware=False, uniform_guard=cfg.uniform_guard,
                                       baseline_guard=cfg.baseline_guard, max_reward=cfg.max_reward)
