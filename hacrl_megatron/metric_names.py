@@ -89,6 +89,12 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/hacpo/kl_penalty", "loss", "hacpo.kl_coef × KL, the penalty added to the loss"),
     ("<agent>/hacpo/token_clipfrac", "fraction", "GRPO: share of clipped tokens"),
     ("<agent>/hacpo/token_ratio_mean", "ratio", "GRPO: mean token ratio π_θ/π_old"),
+    ("<agent>/hacpo/peer_weight_mean", "weight", "mutual_prp, ftis: mean density-ratio weight w of the other agents' "
+     "sequences (docs/algorithm.md §8a)"),
+    ("<agent>/hacpo/peer_truncfrac", "fraction", "mutual_prp, ftis: share of the other agents' sequences whose weight "
+     "is truncated at its cap (§8a)"),
+    ("<agent>/hacpo/peer_filtered_frac", "fraction", "ftis: share of the other agents' sequences filtered out "
+     "(A < 0, per-token divergence above hacpo.ftis_kl_threshold; §8a)"),
     ("<agent>/hacpo/moe/aux_loss", "loss", "MoE load-balancing loss, token-weighted mean per layer"),
     ("<agent>/hacpo/moe/z_loss", "loss", "MoE router z-loss, token-weighted mean per layer"),
     ("<agent>/hacpo/moe/aux_loss_coeff", "coefficient", "model.moe_aux_loss_coeff"),

@@ -22,7 +22,8 @@ tools/compare_report.py), ``compare.json`` (every number), ``compare.png`` (fina
 method's paired differences to each baseline, one dot per seed). Methods are the algorithms of
 docs/algorithm.md §8 and the HACPO variants of §5a-5d (``hacpo+pessimistic``, ``hacpo+adaptive``,
 ``hacpo+both``, ``hacpo+gspo_clip``, ``hacpo+decoupled``, ``hacpo+parity``, and the rollout modes ``hacpo+one_step_off``, ``hacpo+async2``),
-and the paper's ablations of §8 (``hacpo-adv``, ``hacpo-omega``, ``hacpo-stepwise``, ``hacpo-clip``).
+the paper's ablations of §8 (``hacpo-adv``, ``hacpo-omega``, ``hacpo-stepwise``, ``hacpo-clip``), and the other
+ways to share rollouts of §8a (``mutual_prp``, ``mutual_xgrpo``, ``mutual_sgt``, ``ftis``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,8 @@ METHOD_LABELS = {"hacpo": "HACPO", "gspo_x2": "GSPO×2", "naive": "Naive", "gspo
                  "hacpo+parity": "HACPO (parity)", "naive_merge": "Naive (merge)",
                  "hacpo+one_step_off": "HACPO (one-step-off)", "hacpo+async2": "HACPO (async, K=2)",
                  "hacpo-adv": "HACPO −Adv", "hacpo-omega": "HACPO −ω", "hacpo-stepwise": "HACPO no-stepwise",
-                 "hacpo-clip": "HACPO no-clip"}
+                 "hacpo-clip": "HACPO no-clip", "mutual_prp": "Mutual RL: PRP", "mutual_xgrpo": "Mutual RL: XGRPO",
+                 "mutual_sgt": "Mutual RL: SGT", "ftis": "F-TIS"}
 
 
 class CompareError(ValueError):

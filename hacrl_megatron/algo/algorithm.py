@@ -9,6 +9,10 @@ what a step needs and never compares method names itself:
 * :meth:`Algorithm.samples_per_prompt`: G, or 2G for the resource-equivalent GSPO×2;
 * :meth:`Algorithm.sources`: whose responses learner k trains on (all agents, or its own only);
 * :meth:`Algorithm.advantages`: A^(k) of those responses (eq. 6-7);
+* :meth:`Algorithm.trains_on`: which of those responses enter the learner's batch (all, or e.g. SGT's
+  transferred peer successes only, §8a);
+* :attr:`Algorithm.needs_peers` / :attr:`Algorithm.alone_method`: whether a step needs every agent's
+  responses or rewards, and the method a job falls back to when a peer's are missing (trainer/peers.py);
 * :meth:`Algorithm.cross_centers` / :meth:`Algorithm.record_cross_statistics`: the adaptive
   window's per-pair state (§5b);
 * :meth:`Algorithm.loss_fn`: the learner's loss on a micro-batch.
@@ -31,6 +35,15 @@ from hacrl_megatron.algo.grpo import broadcast_to_tokens, grpo_token_loss
 from hacrl_megatron.algo.hacpo import adaptive_center, cross_clipped_at_start, hacpo_loss
 from hacrl_megatron.algo.inputs import LossInputs
 from hacrl_megatron.algo.kl import self_kl_penalty
+from hacrl_megatron.algo.peer_sharing import (
+    old_log_ratio,
+    peer_token_loss,
+    peer_weights,
+    pooled_advantages,
+    pooled_own_advantages,
+    sgt_advantages,
+    sgt_transfer_mask,
+)
 from hacrl_megatron.config import HACPOConfig
 
 PAIR_METRICS = ("cross_clipfrac", "cross_center", "cross_log_ratio_median")  # keyed by source index in hacpo.py
@@ -93,7 +106,8 @@ def name_pair_metrics(metrics: dict[str, float], names: list[str]) -> dict[str, 
 
 
 class Algorithm:
-    """A sequence-level method: HACPO and its ablations and cross-term variants, GSPO, GSPO×2, Naive.
+    """A sequence-level method: HACPO and its ablations and cross-term variants, GSPO, GSPO×2, Naive (the
+    token-level ones, GRPO and §8a's, are subclasses below).
 
     Args:
         cfg: the run's ``hacpo`` section (validated).
@@ -105,6 +119,8 @@ class Algorithm:
     rollout_multiplier = 1  # samples per prompt = multiplier × rollout.samples_per_prompt
     capability_aware = True  # eq. 6's ω-weighted baseline (False: a plain mean over the pool)
     has_cross_window = True  # cross samples under HACPO's window, so the adaptive centre applies (§5b)
+    uses_peer_rewards = False  # the advantages read the other agents' rewards even where sources() is k alone
+    alone_method = "gspo"  # a job's step with a peer left out trains this instead (trainer/peers.py)
 
     def __init__(self, cfg: HACPOConfig, num_agents: int) -> None:
         self.cfg = cfg
@@ -140,6 +156,17 @@ class Algorithm:
         return capability_aware_advantages(
             rewards, position, omega_used, capability_aware=self.capability_aware and h.capability_aware_advantage,
             uniform_guard=h.uniform_guard, baseline_guard=h.baseline_guard, max_reward=h.max_reward)
+
+    def trains_on(self, rewards: torch.Tensor, learner: int) -> torch.Tensor | None:
+        """[P, len(sources), G] bool: which of the sources' responses enter learner ``learner``'s step batch (the
+        others are left out, as if never sampled, and count in no normaliser); None: all of them."""
+        return None
+
+    @property
+    def needs_peers(self) -> bool:
+        """Whether a step needs every agent's responses or rewards: a job whose peer is left out of a step
+        then trains :attr:`alone_method` on its own responses (trainer/peers.py)."""
+        return self.shares_rollouts or self.uses_peer_rewards
 
     @property
     def uses_adaptive_window(self) -> bool:
@@ -284,8 +311,71 @@ class GRPO(Algorithm):
         return grpo_loss
 
 
+class MutualXGRPO(GRPO):
+    """Mutual RL's Cross-Policy GRPO Advantage Sharing (§8a): GRPO on the learner's own responses, its group
+    baseline and scale taken over every agent's n·G rewards of the prompt."""
+
+    uses_peer_rewards = True
+    alone_method = "grpo"
+
+    def advantages(self, rewards: torch.Tensor, learner: int, omega: torch.Tensor) -> torch.Tensor:
+        return pooled_own_advantages(rewards, learner, self.cfg)
+
+
+class _PeerTokenLevel(Algorithm):
+    """GRPO on the learner's own responses plus a sequence-level term per peer response in the learner's
+    tokens, weighted by :func:`~hacrl_megatron.algo.peer_sharing.peer_weights` (§8a): PRP, SGT and F-TIS."""
+
+    capability_aware = False
+    has_cross_window = False
+    alone_method = "grpo"
+    # own rows: per-token π_old (GRPO); peer rows: the learner's Σ log π_old over them (ρ and s_old)
+    method_passes = StepPasses(source_token_logps=True, learner_old_on_others=True)
+
+    def advantages(self, rewards: torch.Tensor, learner: int, omega: torch.Tensor) -> torch.Tensor:
+        return pooled_advantages(rewards, self.cfg)
+
+    def policy_loss_fn(self, names: list[str]) -> LossFn:
+        cfg = self.cfg
+
+        def peer_loss(out: LogProbs, inputs: LossInputs | None,
+                      info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
+            inputs = _required(inputs)
+            weight, weight_metrics = peer_weights(cfg.algorithm, old_log_ratio(out, inputs, cfg), inputs.advantages,
+                                                  inputs.is_self, cfg)
+            loss, metrics = peer_token_loss(out, inputs, weight, cfg, num_tokens=info.num_tokens)
+            return loss, {**metrics, **weight_metrics}
+
+        return peer_loss
+
+
+class MutualPRP(_PeerTokenLevel):
+    """Mutual RL's Peer Rollout Pooling (§8a): peers' responses join the group (pooled GRPO advantage), each
+    weighted by its density ratio min(s_old, ``hacpo.prp_max_weight``)."""
+
+
+class MutualSGT(_PeerTokenLevel):
+    """Mutual RL's Success-Gated Transfer (§8a): GRPO on the learner's own group; on prompts where none of its own
+    responses succeeds, the peers' successes join with advantage ``hacpo.sgt_coef`` and weight 1."""
+
+    def advantages(self, rewards: torch.Tensor, learner: int, omega: torch.Tensor) -> torch.Tensor:
+        return sgt_advantages(rewards, learner, self.cfg)
+
+    def trains_on(self, rewards: torch.Tensor, learner: int) -> torch.Tensor:
+        # own responses always; of the peers' only the transferred successes (no zero-advantage rows diluting N)
+        mask = sgt_transfer_mask(rewards, learner, self.cfg.sgt_success_threshold)
+        mask[:, learner] = True
+        return mask
+
+
+class FTIS(_PeerTokenLevel):
+    """F-TIS (§8a): peers' responses join the group with the truncated weight min(s_old, ``hacpo.ftis_truncation``);
+    those with A < 0 and −log s_old > ``hacpo.ftis_kl_threshold`` are filtered out."""
+
+
 METHODS: dict[str, type[Algorithm]] = {"hacpo": HACPO, "naive": Naive, "naive_merge": NaiveMerge, "gspo": GSPO,
-                                       "gspo_x2": GSPOx2, "grpo": GRPO}
+                                       "gspo_x2": GSPOx2, "grpo": GRPO, "mutual_prp": MutualPRP,
+                                       "mutual_xgrpo": MutualXGRPO, "mutual_sgt": MutualSGT, "ftis": FTIS}
 
 
 def build_algorithm(cfg: HACPOConfig, num_agents: int) -> Algorithm:

@@ -2,7 +2,9 @@
 
 Built once per step by the trainer for learner k's step batch, sliced with the sequences into
 mini- and micro-batches, and read by :func:`~hacrl_megatron.algo.hacpo_loss`,
-:func:`~hacrl_megatron.kernels.fused_hacpo_loss` and GRPO's token loss.
+:func:`~hacrl_megatron.kernels.fused_hacpo_loss`, GRPO's token loss and the peer-sharing losses of
+:mod:`~hacrl_megatron.algo.peer_sharing` (docs/algorithm.md §8a: SGT's rescue set is carried in the
+advantages, and its untransferred peer responses never enter the batch).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ class LossInputs:
     discrepancy: [S] float, ω^(j,k) = clip(P̂_j / P̂_k) of each sequence's source (eq. 10; 1 for self).
     source_logp_sum: [S] float, Σ log π^(j)_old over the response in the source's tokens (eq. 11).
     source_len: [S] int64, L_j, the source's response token count (eq. 11).
-    old_token_logp: [S, T] float or None, GRPO only: the learner's own per-token log π_old,
-        right-padded to the longest response T (sequence s uses its first ``seq_len[s]`` entries).
+    old_token_logp: [S, T] float or None, the token-level methods only (GRPO, §8a's): the learner's own
+        per-token log π_old of each self response, right-padded to the longest response T (sequence s uses
+        its first ``seq_len[s]`` entries); cross rows are zeros, never read (a re-tokenized response has no
+        per-token π_old in the learner's tokens, docs/algorithm.md §8a).
     source_index: [S] int64 or None, the source agent j of each sequence (config order); enables the
         per-pair metrics (``cross_clipfrac/<j>/pos`` ...). None: no per-pair metrics.
     cross_center: [S] float or None, the adaptive window's log-space centre c^(k,j) of each

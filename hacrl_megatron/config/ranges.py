@@ -125,6 +125,14 @@ NUMBERS: dict[str, Interval] = {
                                   low_open=True),
     "hacpo.adaptive_window_steps": _i(1, 1_000_000, "steps of the running median"),
     "hacpo.kl_coef": _i(0, 10, "β of the KL penalty to the starting policy, a loss of order 1 (1e-3 typical)"),
+    "hacpo.prp_max_weight": _i(0, None, "the cap C of a peer response's density-ratio weight (docs/algorithm.md §8a)",
+                               low_open=True),
+    "hacpo.sgt_coef": _i(0, 100, "λ, the advantage of a transferred peer success, of the order of a standardised "
+                                 "advantage (docs/algorithm.md §8a)"),
+    "hacpo.sgt_success_threshold": _i(0, None, "a reward; a zero reward is never a success", low_open=True),
+    "hacpo.ftis_truncation": _i(0, None, "C of the truncated importance weight min(s_old, C)", low_open=True),
+    "hacpo.ftis_kl_threshold": _i(0, None, "nats per token of −log s_old (0: any negative peer response the learner "
+                                           "likes less than its author is filtered)"),
     "train.steps": _i(0, None, "steps"),
     "train.prompts_per_step": _i(1, 1 << 16, "B prompts per step"),
     "train.mini_batches": _i(1, None, "M updates per step"),

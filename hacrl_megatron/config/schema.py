@@ -15,7 +15,12 @@ from hacrl_megatron.errors import InputError
 
 PRESET_DIR = Path(__file__).parent.parent / "presets"
 
-ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive", "naive_merge")
+ALGORITHMS = ("hacpo", "gspo", "gspo_x2", "grpo", "naive", "naive_merge", "mutual_prp", "mutual_xgrpo", "mutual_sgt",
+              "ftis")
+# methods that learn from the other agents' responses or rewards, so need n >= 2 agents (docs/algorithm.md §8, §8a)
+SHARING_ALGORITHMS = ("hacpo", "naive", "naive_merge", "mutual_prp", "mutual_xgrpo", "mutual_sgt", "ftis")
+# methods whose own responses train with GRPO's token-level objective (docs/algorithm.md §8, §8a)
+TOKEN_LEVEL_ALGORITHMS = ("grpo", "mutual_prp", "mutual_xgrpo", "mutual_sgt", "ftis")
 CROSS_CLIP_MODES = ("clamp", "pessimistic", "gspo", "decoupled")
 CROSS_WINDOWS = ("fixed", "adaptive")
 ARCHS = ("llama", "qwen2", "qwen3", "qwen3_moe", "mixtral", "qwen2_moe")
@@ -285,7 +290,9 @@ class RolloutConfig:
 class HACPOConfig:
     """HACPO and its baselines/ablations (docs/algorithm.md §4-5, §8; paper eq. 6-14)."""
 
-    algorithm: str = "hacpo"  # hacpo | gspo | gspo_x2 | grpo | naive | naive_merge (docs/algorithm.md §8)
+    # hacpo | gspo | gspo_x2 | grpo | naive | naive_merge (docs/algorithm.md §8) | mutual_prp | mutual_xgrpo |
+    # mutual_sgt (Mutual RL's probes, arXiv 2605.07244) | ftis (arXiv 2605.22537) (docs/algorithm.md §8a)
+    algorithm: str = "hacpo"
     alpha: float = 1.0  # exponential IS exponent α ≥ 0 (eq. 13)
     cross_clip_low: float = 0.8  # 1 − δ: lower bound of the cross window at m = 0 (eq. 14)
     delta_step: float = 0.025  # δ_step: the lower bound rises by this per mini-batch update
@@ -317,6 +324,17 @@ class HACPOConfig:
     # log <agent>/hacpo/cross_grad_share: the cross samples' share of each update (docs/algorithm.md §10b); a
     # diagnostic, one small extra backward through the loss alone per micro-batch (none through the model)
     log_cross_grad_share: bool = False
+    # mutual_prp: a peer response's density-ratio weight min(s_old, C) is truncated at this C (docs/algorithm.md
+    # §8a; a numerical guard only, the source gives no truncation)
+    prp_max_weight: float = 10.0
+    sgt_coef: float = 1.0  # mutual_sgt: λ, the advantage of a transferred peer success (docs/algorithm.md §8a)
+    # mutual_sgt: a response succeeds when its reward R >= this (<= max_reward); a prompt is in the learner's
+    # rescue set when none of its own G responses succeeds (docs/algorithm.md §8a)
+    sgt_success_threshold: float = 1.0
+    ftis_truncation: float = 2.0  # ftis: C of the truncated importance weight min(s_old, C) (docs/algorithm.md §8a)
+    # ftis: a peer response with A < 0 is filtered out when its per-token divergence −log s_old (nats/token)
+    # exceeds this (docs/algorithm.md §8a)
+    ftis_kl_threshold: float = 1.0
 
 
 @dataclass

@@ -27,6 +27,8 @@ from hacrl_megatron.config.schema import (
     RECOMPUTE,
     ROLLOUT_MODES,
     SGLANG_PYTHON_ENV,
+    SHARING_ALGORITHMS,
+    TOKEN_LEVEL_ALGORITHMS,
     VLLM_DTYPES,
     VLLM_PYTHON_ENV,
     WEIGHT_SYNC_MODES,
@@ -376,7 +378,7 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     validate_warmup_families(cfg)
     h, t = cfg.hacpo, cfg.train
     _one_of("hacpo.algorithm", h.algorithm, ALGORITHMS)
-    if h.algorithm in ("hacpo", "naive", "naive_merge"):
+    if h.algorithm in SHARING_ALGORITHMS:
         _rule(len(cfg.agents) >= 2, "hacpo.algorithm", h.algorithm,
               f"shares rollouts between agents and needs >= 2 agents, got {len(cfg.agents)}")
     _rule(h.alpha >= 0, "hacpo.alpha", h.alpha, "must be >= 0 (exponential IS exponent)")
@@ -403,9 +405,12 @@ def _check_rules(cfg: ExperimentConfig) -> None:
     _rule(not (overlap and cfg.rollout.colocate), "train.rollout_mode", t.rollout_mode,
           "rollout overlapping training needs engines on their own GPUs; rollout.colocate=true time-shares the "
           "trainer's GPUs: use train.rollout_mode=sync with it, or rollout.colocate=false")
-    _rule(not (overlap and h.algorithm == "grpo"), "train.rollout_mode", t.rollout_mode,
-          "the staleness correction is sequence-level (docs/algorithm.md §7b); hacpo.algorithm=grpo is token-level: "
-          "use train.rollout_mode=sync with it")
+    _rule(not (overlap and h.algorithm in TOKEN_LEVEL_ALGORITHMS), "train.rollout_mode", t.rollout_mode,
+          f"the staleness correction is sequence-level (docs/algorithm.md §7b); hacpo.algorithm={h.algorithm} is "
+          "token-level: use train.rollout_mode=sync with it")
+    _rule(h.sgt_success_threshold <= h.max_reward, "hacpo.sgt_success_threshold", h.sgt_success_threshold,
+          f"must be <= hacpo.max_reward={h.max_reward:g}: a success needs R >= the threshold, and no reward "
+          "exceeds max_reward (docs/algorithm.md §8a)")
     _rule(h.adaptive_window_steps >= 1, "hacpo.adaptive_window_steps", h.adaptive_window_steps,
           "must be >= 1 (steps of the adaptive window's running median)")
     _rule(h.cross_window == "fixed" or h.cross_clip, "hacpo.cross_window", h.cross_window,

@@ -221,8 +221,14 @@ class PeerExchange:
                                                f"groups of {sorted(sizes)} responses, this job samples {g}")))
 
     def step_algorithm(self, algorithm: Algorithm, missing: list[str]) -> Algorithm:
-        """The step's algorithm: the run's, or GSPO when a peer is left out of a step of a sharing method."""
-        return self.gspo if missing and algorithm.shares_rollouts else algorithm
+        """The step's algorithm: the run's, or its ``alone_method`` (GSPO; GRPO for the token-level methods of
+        docs/algorithm.md §8a) when a peer is left out of a step of a method that needs every agent's responses
+        or rewards."""
+        if not (missing and algorithm.needs_peers):
+            return algorithm
+        if algorithm.alone_method == "gspo":
+            return self.gspo
+        return build_algorithm(dataclasses.replace(self.exp.hacpo, algorithm=algorithm.alone_method), len(self.agents))
 
     def prune(self, step: int) -> None:
         self.store.prune(self.own.name, step, self.exp.exchange.keep_steps)

@@ -249,7 +249,8 @@ def _reference_logps(data: StepData, learner: str) -> list[torch.Tensor]:
 
 def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Exchange,
                   omega: torch.Tensor, algorithm: Algorithm, centers: torch.Tensor | None = None) -> SequenceBatch:
-    """Learner k's step batch: the responses of ``algorithm.sources(k)`` with per-sequence advantages
+    """Learner k's step batch: the responses of ``algorithm.sources(k)`` (those ``algorithm.trains_on`` keeps)
+    with per-sequence advantages
     (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11), source index and, with
     ``centers`` ([n, n] float64 c[k, j] of :meth:`Algorithm.cross_centers`), the adaptive window's centre
     of each sequence's pair (docs/algorithm.md §5b); plus what ``algorithm.passes`` computed. ``runtimes``:
@@ -257,6 +258,7 @@ def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Ex
     :class:`~hacrl_megatron.trainer.peers.PeerAgent` whose responses ``data`` holds as text)."""
     sources = [runtimes[i] for i in algorithm.sources(rt.index)]
     adv = algorithm.advantages(data.rewards, rt.index, omega)
+    trained = algorithm.trains_on(data.rewards, rt.index)  # [P, len(sources), G] or None: every response
     passes = algorithm.passes
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
@@ -288,7 +290,10 @@ def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Ex
         parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
         parts["cross_center"].append(torch.full((len(src_trajs),), center, dtype=torch.float64))
-        old_tokens.extend(data.passes.source_token_logps.get(src.name, []))
+        if src.index == rt.index:
+            old_tokens.extend(data.passes.source_token_logps.get(src.name, []))
+        elif passes.source_token_logps:  # a cross row's per-token π_old is its author's, in its author's tokens:
+            old_tokens.extend([torch.zeros(0)] * len(src_trajs))  # no use to the learner (zeros once padded)
         if passes.reference_on_self:
             ref_tokens.extend(_reference_logps(data, rt.name) if src.index == rt.index
                               else [torch.zeros(0)] * len(src_trajs))
@@ -299,7 +304,9 @@ def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Ex
     old = torch.nn.utils.rnn.pad_sequence(old_tokens, batch_first=True) if old_tokens else None
     ref = torch.nn.utils.rnn.pad_sequence(ref_tokens, batch_first=True) if ref_tokens else None
     inputs = LossInputs(**fields, old_token_logp=old, ref_token_logp=ref)
-    keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0]
+    wanted = (torch.cat([trained[:, pos, :].reshape(-1) for pos in range(len(sources))]).tolist()
+              if trained is not None else [True] * len(trajs))
+    keep = [i for i, v in enumerate(views) if v.response_len > 0 and trajs[i].source_len > 0 and wanted[i]]
     views = [views[i] for i in keep]  # an empty view ("no_eos" on an empty answer) has nothing to learn
     return views_to_batch(views, inputs.select(torch.tensor(keep, dtype=torch.long)))
 
