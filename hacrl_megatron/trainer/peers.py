@@ -93,7 +93,7 @@ class PeerExchange:
         self.digest = digest_of(self.config_fields)
         self.lag = version_lag(exp)
         self._last_version: dict[str, int] = {}  # per peer: the newest weights version of a record used
-        self.gspo = build_algorithm(dataclasses.replace(exp.hacpo, algorithm="gspo"), len(agents))
+        self._alone: dict[str, Algorithm] = {}  # the fallback algorithm of a step with a peer left out, built once
         # this job's id in the agent's claim: another job that claims the agent later takes it over
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(6)}"
 
@@ -226,9 +226,10 @@ class PeerExchange:
         or rewards."""
         if not (missing and algorithm.needs_peers):
             return algorithm
-        if algorithm.alone_method == "gspo":
-            return self.gspo
-        return build_algorithm(dataclasses.replace(self.exp.hacpo, algorithm=algorithm.alone_method), len(self.agents))
+        name = algorithm.alone_method
+        if name not in self._alone:
+            self._alone[name] = build_algorithm(dataclasses.replace(self.exp.hacpo, algorithm=name), len(self.agents))
+        return self._alone[name]
 
     def prune(self, step: int) -> None:
         self.store.prune(self.own.name, step, self.exp.exchange.keep_steps)

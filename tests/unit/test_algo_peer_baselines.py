@@ -91,13 +91,15 @@ def test_only_sgt_leaves_responses_out_of_the_batch():
 
 def test_a_job_falls_back_to_grpo_when_a_peer_is_missing():
     cfg = HACPOConfig(algorithm="mutual_xgrpo")
-    gspo = algo("gspo")
-    jobs = SimpleNamespace(gspo=gspo, exp=SimpleNamespace(hacpo=cfg), agents=[0, 1])
+    jobs = SimpleNamespace(_alone={}, exp=SimpleNamespace(hacpo=cfg), agents=[0, 1])
     xgrpo = algo("mutual_xgrpo")
     assert PeerExchange.step_algorithm(jobs, xgrpo, []) is xgrpo
     alone = PeerExchange.step_algorithm(jobs, xgrpo, ["b"])
     assert alone.name == "grpo" and alone.sources(0) == [0]
-    assert PeerExchange.step_algorithm(jobs, algo("hacpo"), ["b"]) is gspo  # the sequence-level ones: GSPO
+    assert PeerExchange.step_algorithm(jobs, algo("mutual_sgt"), ["b"]) is alone  # built once per fallback
+    gspo = PeerExchange.step_algorithm(jobs, algo("hacpo"), ["b"])
+    assert gspo.name == "gspo" and gspo.sources(0) == [0]  # the sequence-level ones: GSPO
+    assert PeerExchange.step_algorithm(jobs, algo("naive"), ["b"]) is gspo
     assert PeerExchange.step_algorithm(jobs, algo("grpo"), ["b"]).name == "grpo"  # alone anyway
 
 
