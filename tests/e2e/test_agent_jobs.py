@@ -117,15 +117,16 @@ def test_separate_jobs_equal_the_one_process_run_with_rollout_one_step_off(tmp_p
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["mutual_xgrpo", "mutual_sgt"])
-def test_separate_jobs_of_the_peer_sharing_methods_equal_the_one_process_run(tmp_path, method):
-    """docs/algorithm.md §8a: XGRPO takes only the peer's rewards from its record; SGT its rewards, responses
-    and (for the transferred successes) the learner's π_old over them, computed after the exchange."""
-    algorithm = [f"hacpo.algorithm={method}"]
+def test_separate_jobs_of_success_gated_transfer_equal_the_one_process_run(tmp_path):
+    """docs/algorithm.md §8a: SGT takes the peer's rewards (its rescue sets), its responses and, for the
+    transferred successes, the learner's π_old over them, computed after the exchange. One method stands for
+    the four: XGRPO reads only the rewards, and PRP / F-TIS read what SGT reads (for every peer response) plus
+    the author's log-prob sums, which HACPO's separate jobs above exchange already."""
+    algorithm = ["hacpo.algorithm=mutual_sgt"]
     finish(hacrl([*COMMON, *algorithm, f"output_dir={tmp_path / 'joint'}"], tmp_path))
     exchange = [*algorithm, "exchange.backend=shared_dir", f"exchange.dir={tmp_path / 'exchange'}",
                 "exchange.wait_s=300"]
-    # fewer metrics than HACPO's: XGRPO has no peer rows at all, SGT none on a step with nothing to rescue
+    # fewer metrics than HACPO's: SGT has no peer rows on a step with nothing to rescue
     assert_same_as_one_process(run_jobs(tmp_path, exchange), tmp_path / "joint", min_metrics=20)
 
 
