@@ -12,7 +12,8 @@ agent configs but not ``hacpo.algorithm`` — checked before anything runs. Warm
 task per seed (``pretrain_all``), then the RL runs, in a pool of ``--jobs`` processes (a fresh process per
 run, one torch thread each; a seed's runs start once its warm-up is written). Each run lives in ``OUT/<method>-seed<seed>/``; a run whose ``metrics.jsonl`` reaches
 the final step and which has ``done.json`` is skipped on a re-run, an interrupted one resumes from
-its last checkpoint.
+its last checkpoint. Seeds run into separate ``--out`` folders are reported together by linking their run
+folders under one ``--out`` and ``--report-only`` (a run's recorded ``output_dir`` is not compared).
 
 Outputs in ``OUT``: ``compare.md`` (the summary table, one row per seed, and the differences to
 each ``--baseline`` paired by seed: mean ± std and how many seeds favour each side, on the final

@@ -41,7 +41,8 @@ def is_done(spec: PlannedRun) -> bool:
 
 
 def check_same_run(spec: PlannedRun) -> bool:
-    """Whether the run's folder already records its config; raises if it records a different run."""
+    """Whether the run's folder already records its config; raises if it records a different run (every
+    section but ``output_dir``: a folder moved or linked under another ``--out`` holds the same run)."""
     path = spec.out_dir / "config.json"
     if not path.exists():
         return False
@@ -55,6 +56,9 @@ def check_same_run(spec: PlannedRun) -> bool:
         # it as the current schema reads it
         with contextlib.suppress(ConfigError, TypeError, ValueError):
             old = json.loads(json.dumps(from_dict(ExperimentConfig, old).to_dict()))
+    # a run folder moved, copied or linked under another --out is the same run: its output_dir differs only
+    old.pop("output_dir", None)
+    config.pop("output_dir", None)
     if old != config:
         diff = sorted(k for k in set(old) | set(config) if old.get(k) != config.get(k))
         raise CompareError(f"{path}: holds a run with a different config (sections {diff}); "

@@ -90,6 +90,22 @@ def _copy_compare(source: Path, out: Path) -> Path:
     return out
 
 
+def test_runs_moved_or_linked_under_another_out_are_the_same_runs(tiny_compare, tmp_path):
+    """Seeds run into separate folders are reported together by linking their runs under one --out: a run's
+    recorded output_dir is not part of what makes it the same run."""
+    source, summary, _ = tiny_compare
+    moved = tmp_path / "moved copy"
+    shutil.copytree(source, moved)  # config.json still records the old folders
+    linked = tmp_path / "linked"
+    linked.mkdir()
+    for run in source.glob("*-seed*"):
+        (linked / run.name).symlink_to(run)
+    for out in (moved, linked):
+        again = cmp.main(["--seeds", "0", "--out", str(out), "--report-only", "--set", *TINY])
+        assert again == summary
+        assert (out / "compare.md").read_text() == (source / "compare.md").read_text()
+
+
 def test_a_folder_holding_a_different_run_is_refused(tiny_compare, tmp_path):
     out = _copy_compare(tiny_compare[0], tmp_path / "copy")
     (out / "hacpo-seed0" / "done.json").unlink()  # unfinished, so it would be (re)run ...
