@@ -320,7 +320,8 @@ class PairStats:
     clipfrac_pos / clipfrac_neg: share of the pair's cross samples with A > 0 / A < 0 that get no
     gradient; center_mean / center_last: the adaptive window's shift in log space (docs/algorithm.md
     §5b; 0 for the fixed window); log_ratio_median: the step median of log s (eq. 11); grad_share: the
-    learner's ``cross_grad_share`` (``hacpo.log_cross_grad_share``; None when not logged)."""
+    learner's ``cross_grad_share`` (``hacpo.log_cross_grad_share``; None when not logged); omega: ω of the
+    source's samples in the learner's loss (eq. 9, ``<learner>/omega/<source>``; None when not logged)."""
 
     method: str
     learner: str
@@ -331,6 +332,7 @@ class PairStats:
     center_last: float | None
     log_ratio_median: float | None
     grad_share: float | None = None
+    omega: float | None = None
 
 
 def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_names: list[str]) -> list[PairStats]:
@@ -342,20 +344,20 @@ def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_name
             if source == learner:
                 continue
             prefix = f"{learner}/hacpo/"
-            per_seed: dict[str, list[float]] = {"pos": [], "neg": [], "center": [], "last": [], "median": [],
-                                                "share": []}
+            keys = {"pos": f"{prefix}cross_clipfrac/{source}/pos", "neg": f"{prefix}cross_clipfrac/{source}/neg",
+                    "center": f"{prefix}cross_center/{source}", "median": f"{prefix}cross_log_ratio_median/{source}",
+                    "share": f"{prefix}cross_grad_share", "omega": f"{learner}/omega/{source}"}
+            per_seed: dict[str, list[float]] = {name: [] for name in [*keys, "last"]}
             for rows in runs_metrics:
-                for name, key in (("pos", f"cross_clipfrac/{source}/pos"), ("neg", f"cross_clipfrac/{source}/neg"),
-                                  ("center", f"cross_center/{source}"), ("median", f"cross_log_ratio_median/{source}"),
-                                  ("share", "cross_grad_share")):
-                    values = [row[prefix + key] for row in rows if prefix + key in row]
+                for name, key in keys.items():
+                    values = [row[key] for row in rows if key in row]
                     if values:
                         per_seed[name].append(sum(values) / len(values))
                         if name == "center":
                             per_seed["last"].append(values[-1])
             mean = {name: _mean_or_none(v) for name, v in per_seed.items()}
             stats.append(PairStats(method, learner, source, mean["pos"], mean["neg"], mean["center"], mean["last"],
-                                   mean["median"], mean["share"]))
+                                   mean["median"], mean["share"], mean["omega"]))
     return stats
 
 
@@ -365,12 +367,15 @@ def pair_table(stats: list[PairStats]) -> str:
     if not rows:
         return ""
     share = any(s.grad_share is not None for s in rows)  # a column only when logged (hacpo.log_cross_grad_share)
+    omega = any(s.omega is not None for s in rows)
     lines = ["| method | learner ← source | clipped A > 0 | clipped A < 0 | centre c (mean, last step) | "
-             "median log s |" + (" cross_grad_share |" if share else ""), "|---|---|---|---|---|---|" + ("---|" * share)]
+             "median log s |" + (" ω (mean) |" if omega else "") + (" cross_grad_share |" if share else ""),
+             "|---|---|---|---|---|---|" + ("---|" * omega) + ("---|" * share)]
     for s in rows:
         lines.append(f"| {label(s.method)} | {s.learner} ← {s.source} | {_fmt(s.clipfrac_pos, '.2f')} | "
                      f"{_fmt(s.clipfrac_neg, '.2f')} | {_fmt(s.center_mean, '+.2f')}, {_fmt(s.center_last, '+.2f')} | "
-                     f"{_fmt(s.log_ratio_median, '+.2f')} |" + (f" {_fmt(s.grad_share, '.2f')} |" if share else ""))
+                     f"{_fmt(s.log_ratio_median, '+.2f')} |" + (f" {_fmt(s.omega, '.2f')} |" if omega else "")
+                     + (f" {_fmt(s.grad_share, '.2f')} |" if share else ""))
     return "\n".join(lines) + "\n"
 
 

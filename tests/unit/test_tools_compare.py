@@ -290,6 +290,20 @@ def test_pair_stats_average_over_steps_then_seeds():
     assert table.splitlines()[2] == "| HACPO+adapt. | l ← q | 0.60 | 0.35 | -0.17, -0.20 | -0.15 |"
     assert len(table.splitlines()) == 3
     assert cmp.pair_table([stats[("q", "l")]]) == ""
+    assert s.omega is None and s.grad_share is None  # neither logged: neither column
+
+
+def test_pair_stats_report_omega_and_the_cross_grad_share_when_logged():
+    seed_a = [{"step": 1, "l/hacpo/cross_clipfrac/q/pos": 0.25, "l/omega/q": 1.5, "l/omega/l": 1.0,
+               "l/hacpo/cross_grad_share": 0.5},
+              {"step": 2, "l/hacpo/cross_clipfrac/q/pos": 0.25, "l/omega/q": 0.5, "l/hacpo/cross_grad_share": 0.25}]
+    seed_b = [{"step": 1, "l/hacpo/cross_clipfrac/q/pos": 0.5, "l/omega/q": 2.0, "l/hacpo/cross_grad_share": 1.0}]
+    s = {(x.learner, x.source): x for x in cmp.pair_stats("hacpo", [seed_a, seed_b], ["l", "q"])}[("l", "q")]
+    assert s.omega == (1.0 + 2.0) / 2  # over steps (1.5, 0.5 -> 1.0), then seeds: exact in binary
+    assert s.grad_share == (0.375 + 1.0) / 2
+    lines = cmp.pair_table([s]).splitlines()
+    assert lines[0].endswith("| median log s | ω (mean) | cross_grad_share |")
+    assert lines[2] == "| HACPO | l ← q | 0.38 | n/a | n/a, n/a | n/a | 1.50 | 0.69 |"
 
 
 def test_include_adds_missing_runs_of_an_earlier_comparison_and_refuses_unpairable_ones(tiny_compare, tmp_path,
