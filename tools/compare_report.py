@@ -320,8 +320,10 @@ class PairStats:
     clipfrac_pos / clipfrac_neg: share of the pair's cross samples with A > 0 / A < 0 that get no
     gradient; center_mean / center_last: the adaptive window's shift in log space (docs/algorithm.md
     §5b; 0 for the fixed window); log_ratio_median: the step median of log s (eq. 11); grad_share: the
-    learner's ``cross_grad_share`` (``hacpo.log_cross_grad_share``; None when not logged); omega: ω of the
-    source's samples in the learner's loss (eq. 9, ``<learner>/omega/<source>``; None when not logged)."""
+    learner's ``cross_grad_share`` (``hacpo.log_cross_grad_share``; None when not logged); omega: the logged
+    capability ratio ω^(k,j) = P̂^(k)/P̂^(j) of learner k and source j (eq. 9, ``<learner>/omega/<source>``),
+    which re-weights the source's rewards in the learner's baseline; its inverse pair ω^(j,k) is the cross
+    term's discrepancy coefficient (eq. 10, dropped by −ω); None when not logged."""
 
     method: str
     learner: str
