@@ -49,13 +49,13 @@ if str(REPO) not in sys.path:  # `python tools/compare.py` from a checkout witho
     sys.path.insert(0, str(REPO))
 
 from hacrl_megatron.config import ALGORITHMS, ConfigError, ExperimentConfig, load_config  # noqa: E402
+from tools.compare_cross import PairStats, cross_sections, pair_stats, pair_table, peer_table  # noqa: E402,F401
 from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and notebooks use tools.compare.*)
     METHOD_LABELS,
     AgentRun,
     AgentSummary,
     CompareError,
     MethodSummary,
-    PairStats,
     RunResult,
     _mean_or_none,
     family_results,
@@ -64,8 +64,6 @@ from tools.compare_report import (  # noqa: E402,F401  (re-exported: tests and n
     markdown_table,
     mean_std,
     merge_included,
-    pair_stats,
-    pair_table,
     paired_differences,
     paired_table,
     per_seed_table,
@@ -439,13 +437,9 @@ def write_outputs(specs: list[RunSpec], results: list[RunResult], out: Path, met
         table += report_tables(results, methods, baselines, agent_names, last)
     else:
         table += per_seed_table(results, methods, agent_names)
-    # the cross window exists only in HACPO and its variants (Naive clips cross samples with the self clip)
-    stats = [s for m in methods
-             for s in pair_stats(m, [read_metrics(x.out_dir / "metrics.jsonl") for x in specs
-                                     if x.method == m and x.exp.hacpo.algorithm == "hacpo"], agents_only)]
-    pairs = pair_table(stats)
-    if pairs:
-        table += "\n### Cross samples per (learner ← source) pair, mean over steps then seeds\n\n" + pairs
+    runs = {m: [(x.exp.hacpo.algorithm, read_metrics(x.out_dir / "metrics.jsonl")) for x in specs if x.method == m]
+            for m in methods}
+    table += cross_sections(runs, agents_only)
     (out / "compare.md").write_text(table)
     data = {"summary": {m: asdict(entry) for m, entry in summary.items()}, "runs": [asdict(r) for r in results]}
     (out / "compare.json").write_text(json.dumps(data, indent=1))

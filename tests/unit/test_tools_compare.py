@@ -306,6 +306,29 @@ def test_pair_stats_report_omega_and_the_cross_grad_share_when_logged():
     assert lines[2] == "| HACPO | l ← q | 0.38 | n/a | n/a, n/a | n/a | 1.50 | 0.69 |"
 
 
+def test_cross_sections_report_the_peer_rows_of_the_peer_sharing_methods_only():
+    """docs/algorithm.md §8a: per learner, peer rows, mean weight, truncated, filtered and clipped shares;
+    HACPO's cross statistics stay in the per-pair table, and GRPO (no sharing) is in neither."""
+    ftis_a = [{"step": 1, "l/hacpo/num_cross": 8.0, "l/hacpo/peer_weight_mean": 0.5, "l/hacpo/peer_truncfrac": 0.0,
+               "l/hacpo/peer_filtered_frac": 0.25, "l/hacpo/cross_clipfrac": 0.0},
+              {"step": 2, "l/hacpo/num_cross": 16.0, "l/hacpo/peer_weight_mean": 1.5, "l/hacpo/peer_truncfrac": 0.5,
+               "l/hacpo/peer_filtered_frac": 0.75, "l/hacpo/cross_clipfrac": 0.5}]
+    ftis_b = [{"step": 1, "l/hacpo/num_cross": 4.0, "l/hacpo/peer_weight_mean": 2.0, "l/hacpo/peer_truncfrac": 1.0,
+               "l/hacpo/peer_filtered_frac": 0.0, "l/hacpo/cross_clipfrac": 0.25}]
+    sgt = [{"step": 1, "l/hacpo/num_cross": 2.0, "l/hacpo/cross_clipfrac": 0.0}]
+    hacpo = [{"step": 1, "l/hacpo/num_cross": 32.0, "l/hacpo/cross_clipfrac/q/pos": 0.25}]
+    grpo = [{"step": 1, "l/hacpo/token_clipfrac": 0.1}]
+    text = cmp.cross_sections({"ftis": [("ftis", ftis_a), ("ftis", ftis_b)], "mutual_sgt": [("mutual_sgt", sgt)],
+                               "hacpo": [("hacpo", hacpo)], "grpo": [("grpo", grpo)]}, ["l", "q"])
+    peers = text.split("### Peer responses")[1].splitlines()
+    # over steps (12, 1.0, 0.25, 0.5, 0.25), then seeds: exact in binary
+    assert "| F-TIS | l | 8.00 | 1.50 | 0.62 | 0.25 | 0.25 |" in peers
+    assert "| Mutual RL: SGT | l | 2.00 | n/a | n/a | n/a | 0.00 |" in peers
+    assert not any(line.startswith(("| HACPO |", "| GRPO |")) or "| q |" in line for line in peers)
+    assert "| HACPO | l ← q | 0.25 |" in text.split("### Peer responses")[0]
+    assert cmp.cross_sections({"grpo": [("grpo", grpo)]}, ["l", "q"]) == ""
+
+
 def test_include_adds_missing_runs_of_an_earlier_comparison_and_refuses_unpairable_ones(tiny_compare, tmp_path,
                                                                                          capsys):
     out = _copy_compare(tiny_compare[0], tmp_path / "copy")
