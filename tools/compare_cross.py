@@ -85,7 +85,7 @@ PEER_KEYS = ("num_cross", "peer_weight_mean", "peer_truncfrac", "peer_filtered_f
 
 def peer_table(method: str, runs_metrics: list[list[dict[str, Any]]], agent_names: list[str]) -> str:
     """Markdown rows (no header) of one peer-sharing method (docs/algorithm.md §8a): per learner, the means
-    over steps, then seeds, of ``<learner>/hacpo/<key>`` for :data:`PEER_KEYS` (peer rows in the learner's
+    over steps, then seeds, of ``<learner>/hacpo/<key>`` for :data:`PEER_KEYS` (peer rows in one update of the learner's
     batch, their mean weight w, the shares truncated and filtered, the share whose clip of ρ leaves no
     gradient); a key a method never logs shows n/a; '' when the method logs none of them."""
     lines = []
@@ -115,6 +115,6 @@ def cross_sections(runs: dict[str, list[tuple[str, list[dict[str, Any]]]]], agen
     peers = [t for m, rs in runs.items() if (t := peer_table(m, [r for a, r in rs if a in peer_sharing], agent_names))]
     if peers:
         text += ("\n### Peer responses in the peer-sharing methods, mean over steps then seeds\n\n"
-                 "| method | learner | peer rows per step | mean weight w | truncated | filtered | clipped (no gradient) |\n"
+                 "| method | learner | peer rows per update | mean weight w | truncated | filtered | clipped (no gradient) |\n"
                  "|---|---|---|---|---|---|---|\n" + "\n".join(peers) + "\n")
     return text
