@@ -85,9 +85,9 @@ PEER_KEYS = ("num_cross", "peer_weight_mean", "peer_truncfrac", "peer_filtered_f
 
 def peer_table(method: str, runs_metrics: list[list[dict[str, Any]]], agent_names: list[str]) -> str:
     """Markdown rows (no header) of one peer-sharing method (docs/algorithm.md §8a): per learner, the means
-    over steps, then seeds, of ``<learner>/hacpo/<key>`` for :data:`PEER_KEYS` (peer rows in one update of the learner's
-    batch, their mean weight w, the shares truncated and filtered, the share whose clip of ρ leaves no
-    gradient); a key a method never logs shows n/a; '' when the method logs none of them."""
+    over steps, then seeds, of ``<learner>/hacpo/<key>`` for :data:`PEER_KEYS` (peer rows in one update of
+    the learner, their mean weight w, the shares truncated and filtered, the share whose clip of ρ leaves
+    no gradient); a key a method never logs shows n/a; '' when the method logs none of them."""
     lines = []
     for learner in agent_names:
         per_key = []
