@@ -75,6 +75,12 @@ def cluster():
     for k, ip in enumerate(GPU_NODES, start=1):
         c.add_node(num_cpus=2, num_gpus=2, node_ip_address=ip, resources=node_resources(k))
     c.wait_for_nodes(timeout=node_wait_s())
+    # Ray's Cluster records its head as the machine's "current cluster" (ray_current_cluster in Ray's temp
+    # dir), which every `ray.init()` without an address then joins: a `hacrl train` run by another test at
+    # the same time (CI's other lane) would land on these nodes. This module connects by address only.
+    from ray._common.utils import reset_ray_address
+
+    reset_ray_address()
     ray.init(address=c.address, log_to_driver=False)
     try:
         yield c
