@@ -12,6 +12,16 @@ from hacrl_megatron.config.schema import SHARING_ALGORITHMS, TOKEN_LEVEL_ALGORIT
 from tools.compare_report import _fmt, _mean_or_none, label
 
 
+def _per_seed_values(runs_metrics: list[list[dict[str, Any]]], key: str) -> list[list[float]]:
+    """``key``'s logged values, step by step, in each run (one list per seed; empty where never logged)."""
+    return [[row[key] for row in rows if key in row] for rows in runs_metrics]
+
+
+def step_then_seed_mean(runs_metrics: list[list[dict[str, Any]]], key: str) -> float | None:
+    """The mean over each run's steps of ``key``, then over the runs that log it; None when none does."""
+    return _mean_or_none([sum(vs) / len(vs) for vs in _per_seed_values(runs_metrics, key) if vs])
+
+
 @dataclass(frozen=True)
 class PairStats:
     """Cross samples of one (learner, source) pair in one method, averaged over steps, then over seeds.
@@ -48,16 +58,9 @@ def pair_stats(method: str, runs_metrics: list[list[dict[str, Any]]], agent_name
             keys = {"pos": f"{prefix}cross_clipfrac/{source}/pos", "neg": f"{prefix}cross_clipfrac/{source}/neg",
                     "center": f"{prefix}cross_center/{source}", "median": f"{prefix}cross_log_ratio_median/{source}",
                     "share": f"{prefix}cross_grad_share", "omega": f"{learner}/omega/{source}"}
-            per_seed: dict[str, list[float]] = {name: [] for name in [*keys, "last"]}
-            for rows in runs_metrics:
-                for name, key in keys.items():
-                    values = [row[key] for row in rows if key in row]
-                    if values:
-                        per_seed[name].append(sum(values) / len(values))
-                        if name == "center":
-                            per_seed["last"].append(values[-1])
-            mean = {name: _mean_or_none(v) for name, v in per_seed.items()}
-            stats.append(PairStats(method, learner, source, mean["pos"], mean["neg"], mean["center"], mean["last"],
+            mean = {name: step_then_seed_mean(runs_metrics, key) for name, key in keys.items()}
+            last = _mean_or_none([vs[-1] for vs in _per_seed_values(runs_metrics, keys["center"]) if vs])
+            stats.append(PairStats(method, learner, source, mean["pos"], mean["neg"], mean["center"], last,
                                    mean["median"], mean["share"], mean["omega"]))
     return stats
 
@@ -90,11 +93,7 @@ def peer_table(method: str, runs_metrics: list[list[dict[str, Any]]], agent_name
     no gradient); a key a method never logs shows n/a; '' when the method logs none of them."""
     lines = []
     for learner in agent_names:
-        per_key = []
-        for key in PEER_KEYS:
-            name = f"{learner}/hacpo/{key}"
-            seeds = [[row[name] for row in rows if name in row] for rows in runs_metrics]
-            per_key.append(_mean_or_none([sum(v) / len(v) for v in seeds if v]))
+        per_key = [step_then_seed_mean(runs_metrics, f"{learner}/hacpo/{key}") for key in PEER_KEYS]
         if any(v is not None for v in per_key):
             lines.append(f"| {label(method)} | {learner} | " + " | ".join(_fmt(v, ".2f") for v in per_key) + " |")
     return "\n".join(lines)

@@ -56,6 +56,8 @@ from hacrl_megatron.rollout.vllm_engine import VLLMEngine
 if TYPE_CHECKING:
     from hacrl_megatron.config import AgentConfig, ExperimentConfig
 
+logger = logging.getLogger(__name__)
+
 VLLM_PYTHON_ENV = "HACRL_VLLM_PYTHON"  # same variable as hacrl_megatron.config.VLLM_PYTHON_ENV
 API_SERVER = "vllm.entrypoints.openai.api_server"
 SLEEP_MODE_FLAG = "--enable-sleep-mode"
@@ -78,9 +80,6 @@ def server_healthy(base_url: str, timeout: float = 5.0) -> bool:
             return resp.status == 200
     except (urllib.error.URLError, OSError):
         return False
-
-
-logger = logging.getLogger(__name__)
 
 
 class VLLMServerError(RuntimeError):
