@@ -17,6 +17,8 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("step", "steps", "RL steps done (1 after the first step; 0: the evaluation before training)"),
     ("time", "s", "seconds since the metrics logger started"),
     ("<agent>/reward_mean", "reward", "mean verifier reward of the agent's own rollouts this step (in [0, 1])"),
+    ("<agent>/reward/<family>/mean", "reward", "mean verifier reward of the agent's own rollouts on one problem "
+     "family's prompts this step (a task with families; the per-family capability beside ω, eq. 10)"),
     ("<agent>/truncated_frac", "fraction", "share of the agent's responses cut at rollout.max_response_len"),
     ("<agent>/response_tokens_mean", "tokens", "mean response length in the agent's own tokens"),
     ("<agent>/old_logp_per_token", "nats/token", "mean log π_old per token of the agent's own responses"),
@@ -78,6 +80,16 @@ METRICS: tuple[tuple[str, str, str], ...] = (
     ("<agent>/hacpo/cross_clipfrac/<source>/neg", "fraction", "the same among the source's sequences with A < 0"),
     ("<agent>/hacpo/cross_grad_share", "fraction", "‖g_cross‖/‖g‖, g = ∂ΣJ/∂ℓ per sequence (ℓ: its per-token "
      "mean log-likelihood): the share of the update carried by cross samples (docs/algorithm.md §10b)"),
+    ("<agent>/hacpo/family/<family>/self_clipfrac", "fraction", "self_clipfrac among one problem family's sequences (a task with "
+     "families; docs/algorithm.md §10b)"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/pos", "fraction", "cross_clipfrac/<source>/pos among the family's sequences"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/neg", "fraction", "cross_clipfrac/<source>/neg among the family's sequences"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/pos/above", "fraction", "the part of it whose ratio lies above the window"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/pos/below", "fraction", "the part of it whose ratio lies below the window (lb_m)"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/neg/above", "fraction", "the part of it whose ratio lies above the window"),
+    ("<agent>/hacpo/family/<family>/cross_clipfrac/<source>/neg/below", "fraction", "the part of it whose ratio lies below the window (lb_m)"),
+    ("<agent>/hacpo/family/<family>/cross_log_ratio_median/<source>", "log ratio", "median log s of the pair's sequences of the family"),
+    ("<agent>/hacpo/family/<family>/cross_grad_share", "fraction", "cross_grad_share within the family's sequences: ‖g_cross,f‖/‖g_f‖"),
     ("<agent>/hacpo/cross_lower_bound", "ratio", "lower bound of the cross window at this update (eq. 14)"),
     ("<agent>/hacpo/cross_center/<source>", "log ratio", "the adaptive window's centre c for the pair (§5b)"),
     ("<agent>/hacpo/cross_log_ratio_median/<source>", "log ratio", "median log s of the pair's sequences"),

@@ -93,15 +93,23 @@ def _required(inputs: LossInputs | None) -> LossInputs:
     return inputs
 
 
-def name_pair_metrics(metrics: dict[str, float], names: list[str]) -> dict[str, float]:
-    """``cross_clipfrac/<j>/pos`` → ``cross_clipfrac/<name of agent j>/pos`` (and the other per-pair keys)."""
+def name_pair_metrics(metrics: dict[str, float], names: list[str], families: tuple[str, ...] = ()) -> dict[str, float]:
+    """``cross_clipfrac/<j>/pos`` → ``cross_clipfrac/<name of agent j>/pos`` (and the other per-pair keys);
+    ``family/<f>/<key>`` → ``family/<name of family f>/<key named the same way>`` (``families``: the task's)."""
     out = {}
     for key, value in metrics.items():
+        prefix = ""
+        if key.startswith("family/"):
+            _, index, key = key.split("/", 2)
+            if int(index) >= len(families):
+                raise ValueError(f"metric family/{index}/{key}: family index {index} of a task with families "
+                                 f"{list(families)} (pass the task's families to Algorithm.loss_fn)")
+            prefix = f"family/{families[int(index)]}/"
         head, sep, rest = key.partition("/")
         if sep and head in PAIR_METRICS:
             index, _, tail = rest.partition("/")
             key = "/".join(p for p in (head, names[int(index)], tail) if p)
-        out[key] = value
+        out[prefix + key] = value
     return out
 
 
@@ -198,10 +206,11 @@ class Algorithm:
                 if k != j and value is not None:
                     tracker.record_log_ratio(k, j, value)
 
-    def loss_fn(self, names: list[str]) -> LossFn:
+    def loss_fn(self, names: list[str], families: tuple[str, ...] = ()) -> LossFn:
         """The learner's loss on a micro-batch and its metrics: the method's policy loss (:meth:`policy_loss_fn`)
-        plus, with ``hacpo.kl_coef > 0``, the KL penalty on self responses (§7, metrics ``kl`` and ``kl_penalty``)."""
-        policy = self.policy_loss_fn(names)
+        plus, with ``hacpo.kl_coef > 0``, the KL penalty on self responses (§7, metrics ``kl`` and ``kl_penalty``).
+        ``families``: the task's problem families, which name the per-family metrics (LossInputs.family_index)."""
+        policy = self.policy_loss_fn(names, families)
         if not self.passes.reference_on_self:
             return policy
         coef, estimator = self.cfg.kl_coef, self.cfg.kl_estimator
@@ -219,16 +228,16 @@ class Algorithm:
 
         return with_kl
 
-    def policy_loss_fn(self, names: list[str]) -> LossFn:
+    def policy_loss_fn(self, names: list[str], families: tuple[str, ...] = ()) -> LossFn:
         """The method's own loss on a micro-batch: −Σ J / global #sequences and its metrics (§7), per-pair
-        metric keys named after the agents ``names`` (config order)."""
+        metric keys named after the agents ``names`` (config order), per-family ones after ``families``."""
         cfg = self.cfg
 
         def sequence_loss(out: LogProbs, inputs: LossInputs | None,
                           info: UpdateInfo) -> tuple[torch.Tensor, dict[str, float]]:
             loss, metrics = hacpo_loss(out.seq_logp_sum, out.seq_len, _required(inputs), info.update_index, cfg,
                                        num_sequences=info.num_sequences)
-            return loss, name_pair_metrics(metrics, names)
+            return loss, name_pair_metrics(metrics, names, families)
 
         return sequence_loss
 
@@ -256,7 +265,7 @@ class NaiveMerge(Naive):
 
     method_passes = StepPasses(learner_old_on_others=True)
 
-    def policy_loss_fn(self, names: list[str]) -> LossFn:
+    def policy_loss_fn(self, names: list[str], families: tuple[str, ...] = ()) -> LossFn:
         cfg = dataclasses.replace(self.cfg, algorithm="naive")  # Naive's objective on the learner's own ratios
 
         def merged_loss(out: LogProbs, inputs: LossInputs | None,
@@ -270,7 +279,7 @@ class NaiveMerge(Naive):
                                            source_len=out.seq_len.to(inputs.source_len.device))
             loss, metrics = hacpo_loss(out.seq_logp_sum, out.seq_len, own_view, info.update_index, cfg,
                                        num_sequences=info.num_sequences)
-            return loss, name_pair_metrics(metrics, names)
+            return loss, name_pair_metrics(metrics, names, families)
 
         return merged_loss
 
@@ -295,7 +304,7 @@ class GRPO(Algorithm):
     has_cross_window = False
     method_passes = StepPasses(source_token_logps=True)
 
-    def policy_loss_fn(self, names: list[str]) -> LossFn:
+    def policy_loss_fn(self, names: list[str], families: tuple[str, ...] = ()) -> LossFn:
         cfg = self.cfg
 
         def grpo_loss(out: LogProbs, inputs: LossInputs | None,
@@ -335,7 +344,7 @@ class _PeerTokenLevel(Algorithm):
     def advantages(self, rewards: torch.Tensor, learner: int, omega: torch.Tensor) -> torch.Tensor:
         return pooled_advantages(rewards, self.cfg)
 
-    def policy_loss_fn(self, names: list[str]) -> LossFn:
+    def policy_loss_fn(self, names: list[str], families: tuple[str, ...] = ()) -> LossFn:
         cfg = self.cfg
 
         def peer_loss(out: LogProbs, inputs: LossInputs | None,

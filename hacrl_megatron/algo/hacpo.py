@@ -219,7 +219,8 @@ def _pair_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, adv: torch.T
 
 def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: torch.Tensor,
                   update_index: int, cfg: HACPOConfig, source_index: torch.Tensor | None = None,
-                  center: torch.Tensor | None = None, old_log_ratio: torch.Tensor | None = None) -> dict[str, float]:
+                  center: torch.Tensor | None = None, old_log_ratio: torch.Tensor | None = None,
+                  family_index: torch.Tensor | None = None) -> dict[str, float]:
     """Ratio statistics and clip fractions of one (micro-)batch; empty groups report 0.
 
     Ratio statistics and counts are split by source (self vs cross); ratios are the raw s. self_clipfrac:
@@ -228,7 +229,8 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
     the window leaves without gradient (§5 or §5a, on s·e^(−c) with the centre c of §5b; §5d on the
     proximal ratio r = s·e^(−old_log_ratio), and then also ``cross_behaviour_weight_mean``, the mean
     of w = min(1, e^old_log_ratio) over cross sequences).
-    With ``source_index`` ([S] int64) also the per-pair metrics of :func:`_pair_metrics`.
+    With ``source_index`` ([S] int64) also the per-pair metrics of :func:`_pair_metrics`, and with
+    ``family_index`` ([S] int64, −1: no family) as well the per-family ones of :func:`_family_metrics`.
     """
     with torch.no_grad():
         log_ratio = log_ratio.detach().double()
@@ -262,7 +264,40 @@ def hacpo_metrics(log_ratio: torch.Tensor, advantages: torch.Tensor, is_self: to
         if source_index is not None:
             zero_grad = torch.where(gspo_clipped, self_clipped, cross_clipped)
             metrics.update(_pair_metrics(log_ratio, zero_grad, adv, own, source_index, center))
+            if family_index is not None:
+                side = torch.where(shifted > high, 1, torch.where(shifted < low, -1, 0))
+                metrics.update(_family_metrics(log_ratio, zero_grad, side, adv, gspo_clipped, source_index,
+                                               family_index.to(own.device)))
     return metrics
+
+
+def _family_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, side: torch.Tensor, adv: torch.Tensor,
+                    gspo_clipped: torch.Tensor, source_index: torch.Tensor,
+                    family_index: torch.Tensor) -> dict[str, float]:
+    """Per problem family f present in this micro-batch (``family_index`` ≥ 0), keys ``family/<f>/...``:
+    ``self_clipfrac`` (f's sequences under GSPO's clip whose clipped branch is active) and, per source j
+    with cross sequences of f, for each sign of A present: ``cross_clipfrac/<j>/<pos|neg>`` (the share the
+    cross window leaves without gradient) split by the side of the window the clipped ratio lies on,
+    ``/above`` (s̃ > the upper end) and ``/below`` (s̃ < lb_m), which sum to it; and
+    ``cross_log_ratio_median/<j>`` (the median raw log s). ``side`` [S]: +1 above, −1 below, 0 inside.
+    Keys of an absent family, source or sign are left out (not reported as 0), so means over micro-batches
+    and updates count only those that had such sequences."""
+    out: dict[str, float] = {}
+    for f in sorted(set(family_index[family_index >= 0].tolist())):
+        family = family_index == f
+        if (family & gspo_clipped).any():
+            out[f"family/{f}/self_clipfrac"] = _fraction(zero_grad, family & gspo_clipped)
+        cross = family & ~gspo_clipped
+        for j in sorted(set(source_index[cross].tolist())):
+            pair = cross & (source_index == j)
+            for sign, rows in (("pos", pair & (adv > 0)), ("neg", pair & (adv < 0))):
+                if rows.any():
+                    key = f"family/{f}/cross_clipfrac/{j}/{sign}"
+                    out[key] = _fraction(zero_grad, rows)
+                    out[f"{key}/above"] = _fraction(zero_grad & (side > 0), rows)
+                    out[f"{key}/below"] = _fraction(zero_grad & (side < 0), rows)
+            out[f"family/{f}/cross_log_ratio_median/{j}"] = float(log_ratio[pair].quantile(0.5))
+    return out
 
 
 def hacpo_loss(
@@ -304,13 +339,43 @@ def hacpo_loss(
         objective, weight_metrics = _behaviour_weighted(objective, inputs.behaviour_log_ratio, inputs.is_self)
     loss = -objective.sum() / denom
     metrics = hacpo_metrics(log_ratio, inputs.advantages, inputs.is_self, update_index, cfg,
-                            source_index=inputs.source_index, center=inputs.cross_center, old_log_ratio=old_log_ratio)
+                            source_index=inputs.source_index, center=inputs.cross_center, old_log_ratio=old_log_ratio,
+                            family_index=inputs.family_index)
     metrics.update(weight_metrics)
     metrics["objective_mean"] = float(objective.detach().mean()) if objective.numel() else 0.0
-    share = cross_grad_share(objective, log_ratio, inputs.is_self) if cfg.log_cross_grad_share else None
-    if share is not None:
-        metrics["cross_grad_share"] = share
+    if cfg.log_cross_grad_share:
+        metrics.update(cross_grad_shares(objective, log_ratio, inputs.is_self, inputs.family_index))
     return loss, metrics
+
+
+def cross_grad_shares(objective: torch.Tensor, log_ratio: torch.Tensor, is_self: torch.Tensor,
+                      family_index: torch.Tensor | None = None) -> dict[str, float]:
+    """``cross_grad_share`` of :func:`cross_grad_share` and, with ``family_index`` ([S] int64, −1: no family),
+    ``family/<f>/cross_grad_share`` = ‖g_cross,f‖ / ‖g_f‖ over the rows of family f present in the micro-batch
+    (the share of f's part of the update that cross samples carry; 0 when g_f = 0). Empty without a graph."""
+    grad = _sequence_grad(objective, log_ratio)
+    if grad is None:
+        return {}
+    cross = ~is_self.bool().to(grad.device)
+    out = {"cross_grad_share": _norm_share(grad, cross, torch.ones_like(cross))}
+    if family_index is not None:
+        family_index = family_index.to(grad.device)
+        for f in sorted(set(family_index[family_index >= 0].tolist())):
+            out[f"family/{f}/cross_grad_share"] = _norm_share(grad, cross, family_index == f)
+    return out
+
+
+def _norm_share(grad: torch.Tensor, part: torch.Tensor, within: torch.Tensor) -> float:
+    total = float(grad[within].norm())
+    return float(grad[part & within].norm()) / total if total > 0 else 0.0
+
+
+def _sequence_grad(objective: torch.Tensor, log_ratio: torch.Tensor) -> torch.Tensor | None:
+    """g = ∂(Σ J)/∂ℓ [S] float64 (ℓ: each sequence's per-token mean log-likelihood); None without a graph."""
+    if not (objective.requires_grad and log_ratio.requires_grad) or objective.numel() == 0:
+        return None
+    (grad,) = torch.autograd.grad(objective.sum(), log_ratio, retain_graph=True, allow_unused=True)
+    return None if grad is None else grad.detach().double()
 
 
 def cross_grad_share(objective: torch.Tensor, log_ratio: torch.Tensor, is_self: torch.Tensor) -> float | None:
@@ -322,15 +387,11 @@ def cross_grad_share(objective: torch.Tensor, log_ratio: torch.Tensor, is_self: 
     sample outside the window has g_i = 0, one inside carries ω·s_c^(α+1)·A (§5). The norm is taken in
     this space of sequences, not of parameters (that would need a second backward through the model);
     docs/algorithm.md §10b states what it measures."""
-    if not (objective.requires_grad and log_ratio.requires_grad) or objective.numel() == 0:
-        return None
-    (grad,) = torch.autograd.grad(objective.sum(), log_ratio, retain_graph=True, allow_unused=True)
+    grad = _sequence_grad(objective, log_ratio)
     if grad is None:
         return None
-    grad = grad.detach().double()
-    total = float(grad.norm())
-    cross = float(grad[~is_self.bool().to(grad.device)].norm())
-    return cross / total if total > 0 else 0.0
+    cross = ~is_self.bool().to(grad.device)
+    return _norm_share(grad, cross, torch.ones_like(cross))
 
 
 def _behaviour_weighted(objective: torch.Tensor, behaviour_log_ratio: torch.Tensor,

@@ -42,6 +42,9 @@ class LossInputs:
         sampled by older weights than the learner's at the start of its update (0 on cross rows and fresh
         ones); the objective is weighted by min(1, e^b) (docs/algorithm.md §7b). None: every sample is
         fresh (train.rollout_mode=sync), no weight.
+    family_index: [S] int64 or None, the problem family of each sequence's prompt (an index into the task's
+        ``families``, e.g. ``add_sub_cot``'s ``("add", "sub")``; −1: a prompt of no family); enables the
+        per-family metrics (``family/<f>/cross_clipfrac/<j>/pos`` ..., docs/algorithm.md §10b). None: none.
     """
 
     advantages: torch.Tensor
@@ -55,6 +58,7 @@ class LossInputs:
     learner_old_logp_sum: torch.Tensor | None = None
     ref_token_logp: torch.Tensor | None = None
     behaviour_log_ratio: torch.Tensor | None = None
+    family_index: torch.Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.advantages.dim() != 1:
@@ -66,7 +70,7 @@ class LossInputs:
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")
         if self.is_self.dtype != torch.bool:
             raise ValueError(f"LossInputs.is_self must be a bool tensor, got {self.is_self.dtype}")
-        for name in ("source_index", "cross_center", "learner_old_logp_sum", "behaviour_log_ratio"):
+        for name in ("source_index", "cross_center", "learner_old_logp_sum", "behaviour_log_ratio", "family_index"):
             value = getattr(self, name)
             if value is not None and value.shape != (s,):
                 raise ValueError(f"LossInputs.{name} has shape {tuple(value.shape)}, expected ({s},) like advantages")

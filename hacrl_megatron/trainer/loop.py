@@ -208,10 +208,11 @@ def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step:
                      algorithm: Algorithm) -> dict[str, float]:
     """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
     exp, metrics, launched = run.exp, {}, []
-    loss_fn = algorithm.loss_fn(run.all_names)
+    loss_fn = algorithm.loss_fn(run.all_names, tuple(getattr(run.task, "families", ())))
     centers = algorithm.cross_centers(run.tracker)  # adaptive cross window (docs/algorithm.md §5b)
+    prompt_families = stages.prompt_family_index(run.task, data.prompts)  # per-family metrics (§10b)
     for rt in run.runtimes:
-        batch = stages.learner_batch(rt, run.agents, data, run.exchange, omega, algorithm, centers)
+        batch = stages.learner_batch(rt, run.agents, data, run.exchange, omega, algorithm, centers, prompt_families)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index),
                                           exp.train.minibatch_order)
         launched.append((rt, len(batch), rt.trainer.train_async(minis, loss_fn, exp.rollout.temperature)))
@@ -303,7 +304,8 @@ def train_step(run: Run) -> dict[str, float]:
                                   exp, step + 1, learners=[rt.index for rt in run.runtimes])
         write_samples(exp.output_dir, step + 1, run.samples)
         lap("samples")
-    metrics.update(stages.reward_metrics(data, run.runtimes))
+    metrics.update(stages.reward_metrics(data, run.runtimes, stages.prompt_family_index(run.task, data.prompts),
+                                         tuple(getattr(run.task, "families", ()))))
     metrics.update(_update_learners(run, data, omega, step, algorithm))
     algorithm.record_cross_statistics(run.tracker, metrics, run.all_names)  # used from the next step on
     lap("train")

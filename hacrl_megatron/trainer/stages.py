@@ -247,15 +247,28 @@ def _reference_logps(data: StepData, learner: str) -> list[torch.Tensor]:
     return found
 
 
+def prompt_family_index(task: object, prompts: list[PromptRecord]) -> torch.Tensor | None:
+    """[P] int64: each prompt's family as an index into ``task.families`` (−1: a prompt of none); None for a task
+    without families (the per-family metrics of docs/algorithm.md §10b)."""
+    families = tuple(getattr(task, "families", ()))
+    if not families:
+        return None
+    named = [task.family_of(p) for p in prompts]  # type: ignore[attr-defined]
+    return torch.tensor([families.index(f) if f in families else -1 for f in named], dtype=torch.long)
+
+
 def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Exchange,
-                  omega: torch.Tensor, algorithm: Algorithm, centers: torch.Tensor | None = None) -> SequenceBatch:
+                  omega: torch.Tensor, algorithm: Algorithm, centers: torch.Tensor | None = None,
+                  prompt_families: torch.Tensor | None = None) -> SequenceBatch:
     """Learner k's step batch: the responses of ``algorithm.sources(k)`` (those ``algorithm.trains_on`` keeps)
     with per-sequence advantages
     (eq. 6-7), is_self, discrepancy ω^(j,k) (eq. 10), source statistics (eq. 11), source index and, with
     ``centers`` ([n, n] float64 c[k, j] of :meth:`Algorithm.cross_centers`), the adaptive window's centre
     of each sequence's pair (docs/algorithm.md §5b); plus what ``algorithm.passes`` computed. ``runtimes``:
     every agent of the run in config order (anything with ``name`` and ``index``: a peer job's agent is a
-    :class:`~hacrl_megatron.trainer.peers.PeerAgent` whose responses ``data`` holds as text)."""
+    :class:`~hacrl_megatron.trainer.peers.PeerAgent` whose responses ``data`` holds as text).
+    ``prompt_families`` ([P] int64 of :func:`prompt_family_index`): each sequence's family, for the per-family
+    metrics (LossInputs.family_index)."""
     sources = [runtimes[i] for i in algorithm.sources(rt.index)]
     adv = algorithm.advantages(data.rewards, rt.index, omega)
     trained = algorithm.trains_on(data.rewards, rt.index)  # [P, len(sources), G] or None: every response
@@ -263,7 +276,8 @@ def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Ex
     trajs: list[Trajectory] = []
     parts: dict[str, list[torch.Tensor]] = {"advantages": [], "is_self": [], "discrepancy": [],
                                             "source_logp_sum": [], "source_len": [], "source_index": [],
-                                            "cross_center": [], "learner_old_logp_sum": [], "behaviour_log_ratio": []}
+                                            "cross_center": [], "learner_old_logp_sum": [], "behaviour_log_ratio": [],
+                                            "family_index": []}
     behaviour = data.passes.behaviour_on_self  # §7b: batches older than the learners' weights
     old_tokens: list[torch.Tensor] = []
     ref_tokens: list[torch.Tensor] = []  # the KL's reference on self rows; cross rows stay empty (zeros once padded)
@@ -290,6 +304,8 @@ def learner_batch(rt: AgentRuntime, runtimes: list, data: StepData, exchange: Ex
         parts["source_index"].append(torch.full((len(src_trajs),), src.index, dtype=torch.long))
         center = 0.0 if centers is None or src.index == rt.index else float(centers[rt.index, src.index])
         parts["cross_center"].append(torch.full((len(src_trajs),), center, dtype=torch.float64))
+        if prompt_families is not None and data.prompts:  # trajectories are prompt-major: each prompt's G responses in a row
+            parts["family_index"].append(prompt_families.repeat_interleave(len(src_trajs) // len(data.prompts)))
         if src.index == rt.index:
             old_tokens.extend(data.passes.source_token_logps.get(src.name, []))
         elif passes.source_token_logps:  # a cross row's per-token π_old is its author's, in its author's tokens:
@@ -329,15 +345,23 @@ def _required_inputs(batch: SequenceBatch) -> LossInputs:
     return batch.loss_inputs
 
 
-def reward_metrics(data: StepData, agents: list) -> dict[str, float]:
+def reward_metrics(data: StepData, agents: list, prompt_families: torch.Tensor | None = None,
+                   families: tuple[str, ...] = ()) -> dict[str, float]:
     """Per agent (anything with ``name`` and ``index``, its column of ``data.rewards``): mean reward,
-    truncated share, mean response tokens, mean π_old log-prob per token."""
+    truncated share, mean response tokens, mean π_old log-prob per token; with ``prompt_families`` ([P] int64
+    of :func:`prompt_family_index`, into ``families``) also the mean reward on each family's prompts of the
+    step, ``<agent>/reward/<family>/mean`` (the per-family capability beside ω of eq. 10)."""
     out = {}
     for agent in agents:
         name = agent.name
         r = data.rewards[:, agent.index]
         trajs = data.trajectories[name]
         out[f"{name}/reward_mean"] = float(r.mean()) if r.numel() else 0.0
+        if prompt_families is not None:
+            for f, family in enumerate(families):
+                rows = r[prompt_families == f]
+                if rows.numel():
+                    out[f"{name}/reward/{family}/mean"] = float(rows.mean())
         out[f"{name}/truncated_frac"] = sum(t.finish_reason == "length" for t in trajs) / max(len(trajs), 1)
         out[f"{name}/response_tokens_mean"] = sum(t.num_tokens for t in trajs) / max(len(trajs), 1)
         logps = [t.source_logp_sum / t.source_len for t in trajs if t.source_len > 0 and not math.isnan(t.source_logp_sum)]

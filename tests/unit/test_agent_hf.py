@@ -41,3 +41,22 @@ def test_hf_agent_is_an_agent_handle_and_train_async_runs_train_now(tmp_path):
     agent.close()
     agent.close()  # idempotent; nothing outside the process to release
     assert agent.sequence_logprobs(batch)[0].shape == (4,)
+
+
+def test_a_metric_is_averaged_over_the_micro_batches_that_report_it(tmp_path):
+    # micro_batch_size=3 over 4 sequences: micro-batches of 3 and 1; "first" comes only from the first (as a
+    # per-pair or per-family key does from micro-batches holding that pair or family), "every" from both
+    hf = make_tiny_hf("llama", str(tmp_path / "hf"), seed=5)
+    agent = HFAgent("a", copy.deepcopy(hf), lr=1e-3, train_cfg=TrainConfig(micro_batch_size=3))
+    seen: list[int] = []
+
+    def loss_fn(lp, inputs, info):
+        loss, _ = sft_loss(lp, inputs, info)
+        seen.append(len(inputs))
+        return loss, {"every": float(len(inputs)), **({"first": 0.5} if len(seen) == 1 else {})}
+
+    (metrics,) = agent.train([sample_batch()], loss_fn)
+    assert seen == [3, 1]
+    assert metrics["first"] == 0.5  # not diluted by the micro-batch without it (0.5·3/4)
+    assert metrics["every"] == (3 * 3 + 1 * 1) / 4  # weighted by each micro-batch's sequences
+    agent.close()

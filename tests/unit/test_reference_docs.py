@@ -43,18 +43,24 @@ def test_the_framework_map_names_only_keys_we_have():
 
 
 @pytest.mark.parametrize("variant", [
-    {"hacpo": {"kl_coef": 1e-3, "cross_window": "adaptive"}, "train": {"rollout_mode": "one_step_off"}},
+    # a task with problem families: the per-family metrics (docs/algorithm.md §10b)
+    {"hacpo": {"kl_coef": 1e-3, "cross_window": "adaptive", "log_cross_grad_share": True},
+     "train": {"rollout_mode": "one_step_off"}, "data": {"task": "add_sub_cot"}},
     {"hacpo": {"algorithm": "grpo"}},
 ])
 def test_every_metric_a_run_logs_is_documented(tmp_path, variant):
     train = {"eval_every": 1, **variant.pop("train", {})}
-    exp = exp_with(tiny_exp(tmp_path, steps=2), train=train, **variant,
-                   data={"eval_size": 4, "eval_benchmarks": ["addition"], "eval_limit": 2})
+    data = {"eval_size": 4, "eval_benchmarks": ["addition"], "eval_limit": 2, **variant.pop("data", {})}
+    exp = exp_with(tiny_exp(tmp_path, steps=2), train=train, data=data, **variant)
     loop.train(exp)
     keys = {k for row in read_metrics(tmp_path / "run" / "metrics.jsonl") for k in row}
     undocumented = sorted(k for k in keys if describe(k, ["llama", "qwen3"]) is None)
     assert not undocumented, f"metrics missing from metric_names.METRICS (docs/reference.md): {undocumented}"
     assert len(keys) > 40
+    if data.get("task") == "add_sub_cot":
+        for agent, source in (("llama", "qwen3"), ("qwen3", "llama")):
+            assert {f"{agent}/reward/add/mean", f"{agent}/reward/sub/mean", f"{agent}/hacpo/family/add/cross_grad_share",
+                    f"{agent}/hacpo/family/sub/cross_log_ratio_median/{source}"} <= keys
 
 
 def test_metric_patterns_are_unique_and_described():
