@@ -127,3 +127,34 @@ def test_prompt_family_index_and_the_reward_per_family():
     assert got["a/reward/add/mean"] == 0.75 and got["a/reward/sub/mean"] == 0.0
     assert got["b/reward/add/mean"] == 0.5 and got["b/reward/sub/mean"] == 0.5
     assert "a/reward/add/mean" not in stages.reward_metrics(data, agents)
+
+
+def test_the_family_table_tool_averages_only_the_steps_that_logged_a_key(tmp_path, capsys):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("family_metrics", Path(__file__).parents[2] / "benchmarks" /
+                                                  "family_metrics.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    pos = "a/hacpo/family/sub/cross_clipfrac/b/pos"
+    rows = [{"step": 0, "a/eval_accuracy": 0.5},  # the evaluation before training: no loss, not a step
+            {"step": 1, "a/hacpo/loss": 1.0, pos: 0.25, "a/reward/sub/mean": 0.5,
+             "a/hacpo/family/sub/cross_log_ratio_median/b": -0.5},
+            {"step": 2, "a/hacpo/loss": 1.0, "a/reward/sub/mean": 1.0,  # no A > 0 cross row of sub this step
+             "a/hacpo/family/sub/cross_log_ratio_median/b": -0.25}]
+    run = tmp_path / "run with space"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert tool.main([str(run), "--json", str(tmp_path / "out.json")]) == 0
+    stats = json.loads((tmp_path / "out.json").read_text())[str(run)]
+    assert stats[pos] == {"mean": 0.25, "first5": 0.25, "last5": 0.25, "steps": 1}
+    assert stats["a/reward/sub/mean"]["mean"] == 0.75 and stats["a/reward/sub/mean"]["steps"] == 2
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("| a ← b | sub |"))
+    assert line.split(" | ")[2:4] == ["0.750", "0.250"] and "n/a" in line  # reward, clipped A>0; unlogged cells
+    with pytest.raises(SystemExit, match=r"empty/metrics\.jsonl does not exist"):
+        tool.main([str(tmp_path / "empty")])
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "a/hacpo/loss": 1.0}) + "\n")
+    with pytest.raises(SystemExit, match="logs no per-family metric"):
+        tool.main([str(run)])
