@@ -90,7 +90,10 @@ def main(argv: list[str] | None = None) -> int:
         result[str(run)] = stats
         print(f"### {run}\n\n{table(stats)}\n")
     if args.json:
-        args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        try:
+            args.json.write_text(json.dumps(result, indent=1, sort_keys=True) + "\n")
+        except OSError as err:
+            raise SystemExit(f"family_metrics: cannot write --json {args.json}: {err.strerror}") from err
         print(f"wrote {args.json}")
     return 0
 
