@@ -283,7 +283,7 @@ def _family_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, side: torc
     Keys of an absent family, source or sign are left out (not reported as 0), so means over micro-batches
     and updates count only those that had such sequences."""
     out: dict[str, float] = {}
-    for f in sorted(set(family_index[family_index >= 0].tolist())):
+    for f in _families_present(family_index):
         family = family_index == f
         if (family & gspo_clipped).any():
             out[f"family/{f}/self_clipfrac"] = _fraction(zero_grad, family & gspo_clipped)
@@ -298,6 +298,11 @@ def _family_metrics(log_ratio: torch.Tensor, zero_grad: torch.Tensor, side: torc
                     out[f"{key}/below"] = _fraction(zero_grad & (side < 0), rows)
             out[f"family/{f}/cross_log_ratio_median/{j}"] = float(log_ratio[pair].quantile(0.5))
     return out
+
+
+def _families_present(family_index: torch.Tensor) -> list[int]:
+    """The family indices (≥ 0; −1 is no family) that occur in ``family_index`` [S], ascending."""
+    return sorted(set(family_index[family_index >= 0].tolist()))
 
 
 def hacpo_loss(
@@ -360,7 +365,7 @@ def cross_grad_shares(objective: torch.Tensor, log_ratio: torch.Tensor, is_self:
     out = {"cross_grad_share": _norm_share(grad, cross, torch.ones_like(cross))}
     if family_index is not None:
         family_index = family_index.to(grad.device)
-        for f in sorted(set(family_index[family_index >= 0].tolist())):
+        for f in _families_present(family_index):
             out[f"family/{f}/cross_grad_share"] = _norm_share(grad, cross, family_index == f)
     return out
 
@@ -387,11 +392,7 @@ def cross_grad_share(objective: torch.Tensor, log_ratio: torch.Tensor, is_self: 
     sample outside the window has g_i = 0, one inside carries ω·s_c^(α+1)·A (§5). The norm is taken in
     this space of sequences, not of parameters (that would need a second backward through the model);
     docs/algorithm.md §10b states what it measures."""
-    grad = _sequence_grad(objective, log_ratio)
-    if grad is None:
-        return None
-    cross = ~is_self.bool().to(grad.device)
-    return _norm_share(grad, cross, torch.ones_like(cross))
+    return cross_grad_shares(objective, log_ratio, is_self).get("cross_grad_share")
 
 
 def _behaviour_weighted(objective: torch.Tensor, behaviour_log_ratio: torch.Tensor,
