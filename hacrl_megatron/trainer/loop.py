@@ -204,13 +204,13 @@ def _behaviour(run: Run, record: RolloutRecord) -> dict[str, list[float]]:
                                      run.step, r.temperature, r.max_response_len + 1)
 
 
-def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int,
-                     algorithm: Algorithm) -> dict[str, float]:
-    """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently."""
+def _update_learners(run: Run, data: stages.StepData, omega: torch.Tensor, step: int, algorithm: Algorithm,
+                     prompt_families: torch.Tensor | None = None) -> dict[str, float]:
+    """M mini-batch updates per learner; agents with their own workers (Ray) update concurrently.
+    ``prompt_families``: :func:`stages.prompt_family_index` of the step's prompts (the per-family metrics, §10b)."""
     exp, metrics, launched = run.exp, {}, []
-    loss_fn = algorithm.loss_fn(run.all_names, tuple(getattr(run.task, "families", ())))
+    loss_fn = algorithm.loss_fn(run.all_names, stages.task_families(run.task))
     centers = algorithm.cross_centers(run.tracker)  # adaptive cross window (docs/algorithm.md §5b)
-    prompt_families = stages.prompt_family_index(run.task, data.prompts)  # per-family metrics (§10b)
     for rt in run.runtimes:
         batch = stages.learner_batch(rt, run.agents, data, run.exchange, omega, algorithm, centers, prompt_families)
         minis = stages.split_mini_batches(batch, exp.train.mini_batches, stages.step_seed(exp, step, 1000 + rt.index),
@@ -304,9 +304,9 @@ def train_step(run: Run) -> dict[str, float]:
                                   exp, step + 1, learners=[rt.index for rt in run.runtimes])
         write_samples(exp.output_dir, step + 1, run.samples)
         lap("samples")
-    metrics.update(stages.reward_metrics(data, run.runtimes, stages.prompt_family_index(run.task, data.prompts),
-                                         tuple(getattr(run.task, "families", ()))))
-    metrics.update(_update_learners(run, data, omega, step, algorithm))
+    prompt_families = stages.prompt_family_index(run.task, data.prompts)  # per-family metrics (§10b)
+    metrics.update(stages.reward_metrics(data, run.runtimes, prompt_families, stages.task_families(run.task)))
+    metrics.update(_update_learners(run, data, omega, step, algorithm, prompt_families))
     algorithm.record_cross_statistics(run.tracker, metrics, run.all_names)  # used from the next step on
     lap("train")
     waited = run.source.stats.wait_s
@@ -407,7 +407,7 @@ def _evaluate(run: Run, out: MetricsLogger) -> dict[str, float]:
     with run.source.engines_idle():
         if run.eval_records:
             families: dict[str, float] = {}
-            if getattr(run.task, "families", ()):  # per-family accuracy: <agent>/eval/<family>/accuracy
+            if stages.task_families(run.task):  # per-family accuracy: <agent>/eval/<family>/accuracy
                 acc, families = evaluate_agents_by_family(run.runtimes, run.eval_records, run.task.family_of,
                                                           run.verifier, run.exp.rollout.max_response_len)
             else:

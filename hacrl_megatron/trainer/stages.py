@@ -247,10 +247,15 @@ def _reference_logps(data: StepData, learner: str) -> list[torch.Tensor]:
     return found
 
 
+def task_families(task: object) -> tuple[str, ...]:
+    """The problem families of ``task`` (``add_sub_cot``: ``("add", "sub")``); () for a task without families."""
+    return tuple(getattr(task, "families", ()))
+
+
 def prompt_family_index(task: object, prompts: list[PromptRecord]) -> torch.Tensor | None:
     """[P] int64: each prompt's family as an index into ``task.families`` (−1: a prompt of none); None for a task
     without families (the per-family metrics of docs/algorithm.md §10b)."""
-    families = tuple(getattr(task, "families", ()))
+    families = task_families(task)
     if not families:
         return None
     named = [task.family_of(p) for p in prompts]  # type: ignore[attr-defined]
