@@ -106,3 +106,15 @@ class LogProbOutput:
 #:   -> (loss scalar already divided by the global normaliser, metrics {name: float}).
 #: Summing the losses of all micro-batches of a mini-batch gives the full mini-batch loss.
 LossFn = Callable[[LogProbOutput, LossInputs | None, MiniBatchInfo], tuple[torch.Tensor, dict[str, float]]]
+
+
+def mean_over_micro_batches(records: list[tuple[dict[str, float], int]]) -> dict[str, float]:
+    """The update's metrics from its micro-batches' (metrics, sequence count) records: each key's mean over the
+    micro-batches that report it, weighted by their sequences (a per-sequence mean, whatever the
+    micro-batching). A key a micro-batch leaves out (no sequence of that pair, family or sign in it) is not
+    counted there as 0."""
+    out: dict[str, float] = {}
+    for key in sorted({k for metrics, _ in records for k in metrics}):
+        reports = [(metrics[key], n) for metrics, n in records if key in metrics]
+        out[key] = sum(v * n for v, n in reports) / sum(n for _, n in reports)
+    return out

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch, mean_over_micro_batches
 from hacrl_megatron.agents.checkpoint_io import (
     BackgroundWrite,
     FileDigest,
@@ -188,16 +188,14 @@ class HFAgent(Offloadable):
             start = time.perf_counter()
             lr = self._set_lr()
             self.optimizer.zero_grad(set_to_none=True)
-            total_loss, sums, counts, info = 0.0, {}, {}, mini.info(m)
+            total_loss, records, info = 0.0, [], mini.info(m)
             for idx in self._micro_batches(mini):
                 mb = mini.select(idx)
                 out = self._logprobs(mb, temperature)
                 loss, metrics = loss_fn(out, mb.loss_inputs, info)
                 loss.backward()
                 total_loss += float(loss.detach())
-                for key, value in metrics.items():  # a mean over the micro-batches that report the key,
-                    sums[key] = sums.get(key, 0.0) + value * len(mb)  # weighted by their sequences
-                    counts[key] = counts.get(key, 0) + len(mb)
+                records.append((metrics, len(mb)))
             params = [p for p in self.model.parameters() if p.grad is not None]
             max_norm = self.grad_clip if self.grad_clip > 0 else float("inf")
             grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
@@ -205,7 +203,7 @@ class HFAgent(Offloadable):
             self.updates += 1
             elapsed = time.perf_counter() - start
             self._stats["train_tokens_per_s"] = mini.num_tokens() / max(elapsed, 1e-9)
-            metrics = {k: v / max(counts[k], 1) for k, v in sums.items()}
+            metrics = mean_over_micro_batches(records)
             metrics.update(loss=total_loss, grad_norm=grad_norm, lr=lr, update=float(self.updates))
             results.append(metrics)
             real, run = real + self._split_tokens[0], run + self._split_tokens[1]

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from hacrl_megatron.agents import checkpoint as ckpt
-from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch
+from hacrl_megatron.agents.batch import LogProbOutput, LossFn, SequenceBatch, mean_over_micro_batches
 from hacrl_megatron.agents.context_parallel import split_for_context_parallel
 from hacrl_megatron.agents.ddp import ddp_config, gather_updated_params, wire_overlap
 from hacrl_megatron.agents.handle import CompletedResult
@@ -395,12 +395,7 @@ class LocalAgent(Offloadable, ckpt.MegatronCheckpointing):  # save, begin_save /
             gathered: list[Any] = [None] * self.info.world_size
             torch.distributed.all_gather_object(gathered, records)
             records = [r for part in gathered for r in part]
-        out: dict[str, float] = {"loss": sum(r[0] for r in records)}
-        keys = sorted({k for _, md, _ in records for k in md})
-        for k in keys:
-            vals = [(md[k], n) for _, md, n in records if k in md]
-            out[k] = sum(v * n for v, n in vals) / sum(n for _, n in vals)
-        return out
+        return {"loss": sum(r[0] for r in records), **mean_over_micro_batches([(md, n) for _, md, n in records])}
 
     # ----------------------------------------------------------------------------------------
     def export_hf_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
